@@ -1,0 +1,231 @@
+"""Sparse MLA attention (DeepSeek-V3.2 DSA): Caps -> plan -> scratch_specs -> bind -> run_decode.
+
+    caps = Caps(num_heads=16, topk=2048, kv_format="fp8_ds_mla", max_batched=256)
+    p = plan(caps)                                   # resolves kernels, may allocate host state
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")  # engine-owned
+    b = bind(p, scratch=scratch, q=q, indices=indices, lengths=lengths, out=out)  # views only
+    out, lse = run_decode(b, kv_cache=kv, sm_scale=576 ** -0.5)                   # launches only
+
+Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
+combine kernel; the number of splits comes from the rows and the SM count, so small batches
+still fill the GPU. `run_decode` allocates nothing and is CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from codegen.specs import SparseMLASpec
+from codegen.tiling import decode_tiling
+
+from .. import registry
+from ..device import device_arch, num_sms as device_num_sms
+from ..errors import InputError
+from ..reference import FP8_RECORD, NOPE, PAGE
+from ..validate import check_tensor, require
+
+Q_DIM = 576
+LOG2E = 1.0 / math.log(2.0)
+_ALIGN = 256
+_KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What the engine will ask of sparse MLA. Frozen: a plan is keyed by it."""
+
+    num_heads: int
+    topk: int = 2048
+    kv_format: str = "fp8_ds_mla"
+    max_batched: int = 256  # most query rows per call
+    q_head_dim: int = 576
+    kv_lora_rank: int = 512
+    arch: Optional[str] = None    # None: the current CUDA device's
+    num_sms: Optional[int] = None  # None: the current CUDA device's
+
+    def spec(self, arch: str) -> SparseMLASpec:
+        return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, num_heads=self.num_heads,
+                             topk=self.topk, kv_format=self.kv_format, mode="decode", arch=arch)
+
+
+@dataclass(frozen=True)
+class ScratchRegion:
+    name: str
+    dtype: torch.dtype
+    numel: int
+    offset: int  # bytes from the start of the scratch buffer
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def split_plan(rows: int, width: int, num_sms: int, head_blocks: int) -> tuple[int, int]:
+    """(num_splits, tokens_per_split): enough CTAs to cover every SM once, in 64-token tiles."""
+    tiles = max(1, width // PAGE)
+    ctas = max(1, rows * head_blocks)
+    splits = max(1, min(tiles, -(-num_sms // ctas)))
+    tiles_per_split = -(-tiles // splits)
+    return -(-tiles // tiles_per_split), tiles_per_split * PAGE
+
+
+@dataclass
+class SparseMLAPlan:
+    caps: Caps
+    spec: SparseMLASpec
+    num_sms: int
+    head_block: int
+    regions: dict = field(default_factory=dict)
+
+    @property
+    def head_blocks(self) -> int:
+        return -(-self.caps.num_heads // self.head_block)
+
+    @property
+    def kernels(self) -> registry.LoadedKernels:
+        return registry.resolve(self.spec)
+
+    def splits(self, rows: int, width: int) -> tuple[int, int]:
+        return split_plan(rows, width, self.num_sms, self.head_blocks)
+
+    def scratch_specs(self) -> list[ScratchRegion]:
+        return list(self.regions.values())
+
+    def scratch_bytes(self) -> int:
+        return max((r.offset + r.nbytes for r in self.regions.values()), default=0)
+
+    def bind(self, scratch: torch.Tensor, **tensors) -> "Binding":
+        return bind(self, scratch=scratch, **tensors)
+
+
+def plan(caps: Caps) -> SparseMLAPlan:
+    """Validate caps, pick the kernel spec and split policy, lay out the scratch."""
+    arch = caps.arch or device_arch()
+    spec = caps.spec(arch)  # raises SpecError naming the field
+    require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
+            f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
+    sms = caps.num_sms or device_num_sms()
+    head_block = int(decode_tiling(caps.num_heads, caps.kv_format, arch)["head_block"])
+    p = SparseMLAPlan(caps, spec, sms, head_block)
+    h, rows = caps.num_heads, caps.max_batched
+    # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
+    partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
+    offset = 0
+    for name, dtype, numel in (("partial_o", torch.float32, partial_rows * h * NOPE),
+                               ("partial_lse", torch.float32, partial_rows * h),
+                               ("out", torch.bfloat16, rows * h * NOPE),
+                               ("lse", torch.float32, rows * h)):
+        region = ScratchRegion(name, dtype, numel, offset)
+        p.regions[name] = region
+        offset = -(-(offset + region.nbytes) // _ALIGN) * _ALIGN
+    return p
+
+
+@dataclass(frozen=True)
+class Binding:
+    plan: SparseMLAPlan
+    q: torch.Tensor
+    indices: torch.Tensor
+    lengths: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    partial_o: torch.Tensor
+    partial_lse: torch.Tensor
+    tokens_per_split: int
+
+
+def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> torch.Tensor:
+    nbytes = math.prod(shape) * r.dtype.itemsize
+    return scratch[r.offset:r.offset + nbytes].view(r.dtype).view(shape)
+
+
+def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor,
+         lengths: torch.Tensor, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> Binding:
+    """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
+
+    out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
+    the scratch, valid until the next run on that scratch."""
+    caps = plan.caps
+    h = caps.num_heads
+    check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, Q_DIM), contiguous=True)
+    rows = q.shape[0]
+    dev = q.device
+    require(rows <= caps.max_batched, f"q: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
+    check_tensor("indices", indices, dtype=torch.int32, shape=(rows, None), contiguous=True, device=dev)
+    width = indices.shape[1]
+    require(width % PAGE == 0 and PAGE <= width <= caps.topk,
+            f"indices: expected a width that is a multiple of {PAGE} in [{PAGE}, {caps.topk}], got {width}")
+    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
+    check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=dev, align=_ALIGN)
+    require(scratch.numel() >= plan.scratch_bytes(),
+            f"scratch: expected at least {plan.scratch_bytes()} bytes (plan.scratch_bytes()), got {scratch.numel()}")
+    if out is None:
+        out = _region(scratch, plan.regions["out"], (rows, h, NOPE))
+    check_tensor("out", out, dtype=torch.bfloat16, shape=(rows, h, NOPE), contiguous=True, device=dev)
+    if lse is None:
+        lse = _region(scratch, plan.regions["lse"], (rows, h))
+    check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
+    splits, tps = plan.splits(rows, width)
+    return Binding(plan, q, indices, lengths, out, lse,
+                   _region(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
+                   _region(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
+
+
+def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device) -> None:
+    dtype, last = _KV_LAST[kv_format]
+    check_tensor("kv_cache", kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
+    elem = kv_cache.element_size()
+    require(kv_cache.stride(2) == 1 and kv_cache.stride(1) == last,
+            f"kv_cache: expected token stride {last} and element stride 1 within a page ({kv_format}), "
+            f"got strides {kv_cache.stride()}")
+    require(kv_cache.stride(0) >= PAGE * last and (kv_cache.stride(0) * elem) % 16 == 0,
+            f"kv_cache: expected a page stride >= {PAGE * last} elements and a multiple of 16 bytes, "
+            f"got {kv_cache.stride(0)} elements")
+
+
+def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
+               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch split + combine on the current stream. Returns (out, lse); allocates nothing."""
+    p = binding.plan
+    q = binding.q
+    check_kv_cache(kv_cache, p.caps.kv_format, q.device)
+    require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
+    require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(p.caps.num_heads,), contiguous=True,
+                     device=q.device)
+    if q.shape[0] == 0:
+        return binding.out, binding.lse
+    k = p.kernels
+    k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
+               float(sm_scale) * LOG2E, binding.tokens_per_split)
+    k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse,
+                 binding.lse if attn_sink is None else attn_sink, int(attn_sink is not None), int(lse_base == "e"))
+    return binding.out, binding.lse
+
+
+# -- torch custom op (torch.compile sees a mutating op with a fake implementation) ---------------
+@lru_cache(maxsize=64)
+def _cached_plan(caps: Caps) -> SparseMLAPlan:
+    return plan(caps)
+
+
+@torch.library.custom_op("b12x::sparse_mla_decode", mutates_args=("out", "lse", "scratch"), device_types="cuda")
+def sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+                         scratch: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sm_scale: float,
+                         attn_sink: Optional[torch.Tensor], lse_natural: bool, kv_format: str, topk: int,
+                         max_batched: int) -> None:
+    """out/lse <- sparse MLA decode. scratch must hold plan(Caps(...)).scratch_bytes() bytes."""
+    p = _cached_plan(Caps(num_heads=q.shape[1], topk=topk, kv_format=kv_format, max_batched=max_batched))
+    b = bind(p, scratch=scratch, q=q, indices=indices, lengths=lengths, out=out, lse=lse)
+    run_decode(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink, lse_base="e" if lse_natural else "2")
+
+
+@sparse_mla_decode_op.register_fake
+def _(q, kv_cache, indices, lengths, scratch, out, lse, sm_scale, attn_sink, lse_natural, kv_format, topk,
+      max_batched) -> None:
+    return None

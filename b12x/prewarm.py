@@ -1,0 +1,86 @@
+"""Prewarm bundles: make every kernel a model configuration can dispatch to built, loaded and
+launched once, before CUDA-graph capture and before freeze().
+
+A bundle is keyed by (q_head_dim, kv_lora_rank, topk, max_batched), qualified by arch, heads and
+KV format. Prewarm binds caller-style scratch per call (plan.bind(scratch=...)), and a key is
+recorded only after its warm-up launches succeeded."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from codegen.specs import KernelSpec
+
+from . import registry
+from .attention import sparse_mla
+from .device import device_arch
+
+_lock = threading.Lock()
+_done: set["PrewarmKey"] = set()
+
+
+@dataclass(frozen=True)
+class PrewarmKey:
+    q_head_dim: int
+    kv_lora_rank: int
+    topk: int
+    max_batched: int
+    num_heads: int
+    kv_format: str
+    arch: str
+
+    def caps(self) -> sparse_mla.Caps:
+        return sparse_mla.Caps(num_heads=self.num_heads, topk=self.topk, kv_format=self.kv_format,
+                               max_batched=self.max_batched, q_head_dim=self.q_head_dim,
+                               kv_lora_rank=self.kv_lora_rank, arch=self.arch)
+
+    def specs(self) -> list[KernelSpec]:
+        """Every artifact the bundle needs. One decode artifact serves all row counts and split
+        plans up to max_batched: splits are launch arguments, not compile-time constants."""
+        return [self.caps().spec(self.arch)]
+
+
+def prewarmed_keys() -> set[PrewarmKey]:
+    with _lock:
+        return set(_done)
+
+
+def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
+    """Small random inputs that touch one page; every launch really runs."""
+    caps = p.caps
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(rows, caps.num_heads, sparse_mla.Q_DIM, device=device, dtype=torch.bfloat16, generator=g)
+    idx = torch.randint(0, 64, (rows, caps.topk), device=device, dtype=torch.int32, generator=g)
+    lengths = torch.full((rows,), caps.topk, device=device, dtype=torch.int32)
+    dtype, last = sparse_mla._KV_LAST[caps.kv_format]
+    kv = torch.zeros(1, 64, last, device=device, dtype=dtype)
+    return q, idx, lengths, kv
+
+
+def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: int = 2048, max_batched: int = 256,
+                       q_head_dim: int = 576, kv_lora_rank: int = 512, device: torch.device | str | None = None,
+                       scratch: torch.Tensor | None = None) -> PrewarmKey:
+    """Resolve the bundle's artifacts and launch each kernel at 1 and at max_batched rows.
+
+    `scratch` is the engine's own workspace when it has one (bound per call, never kept)."""
+    device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
+    key = PrewarmKey(q_head_dim, kv_lora_rank, topk, max_batched, num_heads, kv_format, device_arch(device))
+    with _lock:
+        if key in _done:
+            return key
+    for spec in key.specs():
+        registry.resolve(spec)
+    with torch.cuda.device(device):
+        p = sparse_mla.plan(key.caps())
+        if scratch is None:
+            scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device=device)
+        for rows in sorted({1, max_batched}):
+            q, idx, lengths, kv = _warm_inputs(p, rows, device)
+            b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
+            sparse_mla.run_decode(b, kv_cache=kv, sm_scale=q_head_dim ** -0.5)
+        torch.cuda.synchronize(device)
+    with _lock:
+        _done.add(key)
+    return key

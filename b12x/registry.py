@@ -1,0 +1,92 @@
+"""Kernel resolution: spec -> loaded artifact, with freeze().
+
+Before freeze(), a spec that is not loaded yet is looked up in the cache and, when missing or
+corrupt, built on the spot if the DSL compiler is installed (the JIT fallback). After freeze(),
+only kernels loaded by then resolve; anything else raises KernelResolutionFrozenError, so a
+serving process never compiles or lazily loads code behind an engine's back."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from dataclasses import dataclass
+
+from codegen.specs import KernelSpec
+
+from .artifact_cache import Artifact, ArtifactCache, artifact_key
+from .errors import ArtifactMissingError, KernelResolutionFrozenError
+from .loader import load_module
+
+log = logging.getLogger("b12x")
+
+_lock = threading.RLock()
+_loaded: dict[KernelSpec, "LoadedKernels"] = {}
+_frozen = False
+
+
+@dataclass(frozen=True)
+class LoadedKernels:
+    spec: KernelSpec
+    artifact: Artifact
+    module: object  # keeps the library mapped
+    functions: dict  # entry point -> tvm_ffi function (positional arguments only)
+
+    def __getitem__(self, name: str):
+        return self.functions[name]
+
+
+def freeze() -> None:
+    """From now on, resolve() serves only kernels already loaded."""
+    global _frozen
+    with _lock:
+        _frozen = True
+
+
+def unfreeze() -> None:
+    global _frozen
+    with _lock:
+        _frozen = False
+
+
+def is_frozen() -> bool:
+    return _frozen
+
+
+def loaded_specs() -> list[KernelSpec]:
+    with _lock:
+        return list(_loaded)
+
+
+def dsl_available() -> bool:
+    return importlib.util.find_spec("cutlass") is not None
+
+
+def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKernels:
+    with _lock:
+        hit = _loaded.get(spec)
+        if hit is not None:
+            return hit
+        if _frozen:
+            raise KernelResolutionFrozenError(
+                f"kernel {spec.name} is not loaded and b12x is frozen; prewarm it before freeze(). "
+                f"Missing spec: {spec.canonical_json()}")
+        cache = cache or ArtifactCache()
+        key = artifact_key(spec)
+        cache.ensure_root()
+        art, why = cache.check(key, spec.arch)
+        if art is None:
+            if not dsl_available():
+                raise ArtifactMissingError(
+                    f"kernel {spec.name}: no usable artifact in {cache.root} ({why}) and nvidia-cutlass-dsl is not "
+                    f"installed to build it; build it ahead of time with `b12x-codegen build` "
+                    f"(key {key[:16]}, spec {spec.canonical_json()})")
+            log.warning("b12x: building %s on first use (artifact %s); prebuild with b12x-codegen", spec.name, why)
+            from codegen.build import build_one
+
+            art, why = cache.check(build_one(spec, cache).key, spec.arch)
+            if art is None:
+                raise ArtifactMissingError(f"kernel {spec.name}: build finished but the artifact is {why}")
+        module = load_module(art.so_path)
+        loaded = LoadedKernels(spec, art, module, {n: module[n] for n in art.entry_points})
+        _loaded[spec] = loaded
+        return loaded

@@ -1,0 +1,1 @@
+"""Third-party kernels that b12x benchmarks against (thin wrappers, no vendored code)."""

@@ -1,0 +1,114 @@
+"""Kernel specs: frozen dataclasses whose canonical JSON is the kernel's identity.
+
+Validation happens at construction and names the offending field and the allowed values, so a
+bad spec never reaches a template."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .toolchain import SUPPORTED_ARCHS
+
+
+class SpecError(ValueError):
+    """A spec field holds a value the generator does not support."""
+
+    def __init__(self, spec_cls: str, field: str, value: Any, allowed: str):
+        self.field = field
+        super().__init__(f"{spec_cls}.{field}: got {value!r}; allowed: {allowed}")
+
+
+def _require(cls: str, field: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise SpecError(cls, field, value, allowed)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Common base: a family name, a template, an arch; canonical JSON and a readable name."""
+
+    family: ClassVar[str] = ""
+    template: ClassVar[str] = ""
+
+    def canonical_json(self) -> str:
+        body = {"family": self.family, **dataclasses.asdict(self)}
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "KernelSpec":
+        body = json.loads(text)
+        family = body.pop("family")
+        spec_cls = SPEC_FAMILIES.get(family)
+        if spec_cls is None:
+            raise SpecError("KernelSpec", "family", family, ", ".join(sorted(SPEC_FAMILIES)))
+        return spec_cls(**body)
+
+    @property
+    def name(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def template_context(self) -> dict:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+SPARSE_MLA_HEADS = (16, 32, 64, 128)
+KV_FORMATS = ("fp8_ds_mla", "bf16")
+SPARSE_MLA_MODES = ("decode",)
+
+
+@dataclass(frozen=True)
+class SparseMLASpec(KernelSpec):
+    """Sparse MLA attention over a paged latent KV cache (DeepSeek V3.2 / GLM-5 shapes).
+
+    `topk` is the widest index row the kernel serves; any narrower width that is a multiple of
+    64 runs on the same artifact."""
+
+    family: ClassVar[str] = "sparse_mla"
+    template: ClassVar[str] = "sparse_mla_decode.py.j2"
+
+    q_head_dim: int = 576
+    kv_lora_rank: int = 512
+    rope_dim: int = 64
+    v_head_dim: int = 512
+    num_heads: int = 128
+    topk: int = 2048
+    kv_format: str = "fp8_ds_mla"
+    page_size: int = 64
+    mode: str = "decode"
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        _require(c, "kv_lora_rank", self.kv_lora_rank, self.kv_lora_rank == 512, "512")
+        _require(c, "rope_dim", self.rope_dim, self.rope_dim == 64, "64")
+        _require(c, "q_head_dim", self.q_head_dim, self.q_head_dim == self.kv_lora_rank + self.rope_dim,
+                 "kv_lora_rank + rope_dim (576)")
+        _require(c, "v_head_dim", self.v_head_dim, self.v_head_dim == self.kv_lora_rank, "kv_lora_rank (512)")
+        _require(c, "num_heads", self.num_heads, self.num_heads in SPARSE_MLA_HEADS,
+                 ", ".join(map(str, SPARSE_MLA_HEADS)))
+        _require(c, "topk", self.topk, isinstance(self.topk, int) and 64 <= self.topk <= 2048 and self.topk % 64 == 0,
+                 "a multiple of 64 in [64, 2048]")
+        _require(c, "kv_format", self.kv_format, self.kv_format in KV_FORMATS, ", ".join(KV_FORMATS))
+        _require(c, "page_size", self.page_size, self.page_size == 64, "64")
+        _require(c, "mode", self.mode, self.mode in SPARSE_MLA_MODES, ", ".join(SPARSE_MLA_MODES))
+        _require(c, "arch", self.arch, self.arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+
+    @property
+    def name(self) -> str:
+        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}_{self.arch}"
+
+    def template_context(self) -> dict:
+        from .tiling import decode_tiling
+
+        return {
+            "num_heads": self.num_heads,
+            "kv_format": self.kv_format,
+            "topk": self.topk,
+            "arch": self.arch,
+            "tile": decode_tiling(self.num_heads, self.kv_format, self.arch),
+        }
+
+
+SPEC_FAMILIES: dict[str, type[KernelSpec]] = {SparseMLASpec.family: SparseMLASpec}

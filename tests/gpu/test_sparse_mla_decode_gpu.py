@@ -1,0 +1,171 @@
+"""Sparse MLA decode on the GPU against the torch reference, from artifacts built ahead of time.
+
+Run on a GPU box after `b12x-codegen build --preset sparse-mla-decode-all` (B12X_CACHE_DIR set to
+the same cache)."""
+import math
+
+import pytest
+import torch
+
+from b12x.attention import sparse_mla as sm
+from b12x.reference import sparse_mla_reference
+
+from .sparse_mla_cases import Case, random_case
+
+pytestmark = pytest.mark.gpu
+
+HEADS = (16, 32, 64, 128)
+FORMATS = ("fp8_ds_mla", "bf16")
+
+
+def run_ours(case: Case, kv_format: str, *, sink=None, lse_base="e", topk=2048, max_batched=None):
+    rows, heads = case.q.shape[:2]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format=kv_format, max_batched=max_batched or max(rows, 1)))
+    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
+    out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda")
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse)
+    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale, attn_sink=sink, lse_base=lse_base)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def check(case: Case, out, lse, *, sink=None, lse_base="e"):
+    ref, ref_lse = sparse_mla_reference(case.q, case.kv_ref, case.indices, case.lengths, case.sm_scale, sink)
+    assert not out.isnan().any(), "out has unwritten (NaN) elements"
+    assert not lse.isnan().any(), "lse has unwritten (NaN) elements"
+    o = out.float()
+    rel = ((o - ref).norm() / ref.norm().clamp(min=1e-6)).item()
+    assert rel < 1e-2, f"relative error {rel:.2e}"
+    torch.testing.assert_close(o, ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    want = ref_lse if lse_base == "e" else ref_lse / math.log(2.0)
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(lse), fin), "lse is -inf exactly where the reference is"
+    assert torch.all(lse[~fin] == -math.inf)
+    torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
+    return rel
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("width", (512, 1024, 1536, 2048))
+def test_matches_reference(kv_format, heads, width):
+    case = random_case(3, heads, width, kv_format, seed=heads * 7 + width)
+    out, lse = run_ours(case, kv_format)
+    check(case, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", HEADS)
+def test_lse_base2_and_sink(kv_format, heads):
+    case = random_case(5, heads, 1024, kv_format, seed=11)
+    sink = torch.randn(heads, device="cuda") * 2
+    out, lse = run_ours(case, kv_format, sink=sink, lse_base="2")
+    check(case, out, lse, sink=sink, lse_base="2")
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", (16, 128))
+def test_edge_cases(kv_format, heads):
+    case = random_case(6, heads, 512, kv_format, seed=3, invalid_frac=0.3)
+    case.lengths[1] = 0                  # zero-length row: out 0, lse -inf
+    case.indices[2] = -1                 # all-invalid row
+    case.indices[3, :100] = case.indices[3, 0].clamp(min=0)  # duplicates count each time
+    case.lengths[4] = 4096               # lengths beyond the width clamp to it
+    case.lengths[5] = 1                  # a single token
+    out, lse = run_ours(case, kv_format)
+    check(case, out, lse)
+    assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_page_strided_cache_view(kv_format):
+    case = random_case(4, 64, 1024, kv_format, seed=5, page_stride_pad=4096)
+    assert not case.kv.is_contiguous()
+    out, lse = run_ours(case, kv_format)
+    check(case, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_addresses_beyond_2gib(kv_format):
+    rec = 656 if kv_format == "fp8_ds_mla" else 1152
+    blocks = (2**31) // (64 * rec) + 2048  # > 2 GiB of cache
+    small = random_case(3, 16, 512, kv_format, blocks=256, seed=9)
+    big = torch.empty((blocks,) + tuple(small.kv.shape[1:]), dtype=small.kv.dtype, device="cuda")
+    big[-256:] = small.kv                  # the data lives past 2^31 bytes
+    assert big[-256:].data_ptr() - big.data_ptr() > 2**31
+    small.indices = torch.where(small.indices >= 0, small.indices + (blocks - 256) * 64, small.indices)
+    ref_kv = small.kv_ref
+    case = Case(small.q, big, ref_kv, small.indices, small.lengths)
+    out, lse = run_ours(case, kv_format)
+    # the reference reads the small copy with the original slots
+    ref_case = Case(small.q, small.kv, ref_kv, torch.where(small.indices >= 0, small.indices - (blocks - 256) * 64,
+                                                            small.indices), small.lengths)
+    check(ref_case, out, lse)
+    del big
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_cuda_graph_capture_replay_without_allocation(kv_format):
+    rows, heads = 8, 32
+    case = random_case(rows, heads, 2048, kv_format, seed=21)
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_batched=rows))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out)
+    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # lazy module load before capture
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_decode allocated"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    # new inputs in place, then replay
+    fresh = random_case(rows, heads, 2048, kv_format, seed=22)
+    case.q.copy_(fresh.q)
+    case.indices.copy_(fresh.indices)
+    case.lengths.copy_(fresh.lengths)
+    out.fill_(float("nan"))
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+    check(Case(case.q, case.kv, case.kv_ref, case.indices, case.lengths), out, b.lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_run_to_run_determinism(kv_format):
+    case = random_case(16, 64, 2048, kv_format, seed=31)
+    a = run_ours(case, kv_format)
+    b = run_ours(case, kv_format)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_custom_op_matches_facade():
+    case = random_case(4, 16, 512, "fp8_ds_mla", seed=41)
+    p = sm.plan(sm.Caps(num_heads=16, topk=512, max_batched=4))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(4, 16, device="cuda")
+    torch.ops.b12x.sparse_mla_decode(case.q, case.kv, case.indices, case.lengths, scratch, out, lse,
+                                     case.sm_scale, None, True, "fp8_ds_mla", 512, 4)
+    check(case, out, lse)
+
+
+def test_frozen_after_prewarm():
+    from b12x import freeze, unfreeze
+    from b12x.errors import KernelResolutionFrozenError
+    from b12x.prewarm import prewarm_sparse_mla
+
+    prewarm_sparse_mla(num_heads=16, kv_format="fp8_ds_mla", max_batched=8)
+    freeze()
+    try:
+        case = random_case(2, 16, 512, "fp8_ds_mla", seed=51)
+        out, lse = run_ours(case, "fp8_ds_mla")
+        check(case, out, lse)
+        with pytest.raises(KernelResolutionFrozenError, match="topk.:1024"):
+            sm.plan(sm.Caps(num_heads=16, topk=1024)).kernels
+    finally:
+        unfreeze()

@@ -1,0 +1,45 @@
+import pytest
+
+from codegen.catalog import PRESETS, PresetError, get_preset, parse_archs
+from codegen.specs import KernelSpec, SparseMLASpec, SpecError
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("num_heads", 48, "16, 32, 64, 128"),
+    ("topk", 100, "multiple of 64"),
+    ("topk", 4096, "multiple of 64"),
+    ("kv_format", "fp16", "fp8_ds_mla, bf16"),
+    ("arch", "sm_80", "sm_90a, sm_120a"),
+    ("page_size", 32, "64"),
+    ("mode", "train", "decode"),
+    ("kv_lora_rank", 256, "512"),
+])
+def test_validation_names_field_and_allowed_values(field, value, allowed):
+    with pytest.raises(SpecError) as e:
+        SparseMLASpec(**{field: value})
+    msg = str(e.value)
+    assert e.value.field == field
+    assert f"SparseMLASpec.{field}" in msg and repr(value) in msg and allowed in msg
+
+
+def test_canonical_json_roundtrip_and_identity():
+    a = SparseMLASpec(num_heads=16, kv_format="bf16")
+    b = KernelSpec.from_json(a.canonical_json())
+    assert a == b and hash(a) == hash(b)
+    assert a.canonical_json() == b.canonical_json()
+    assert '"family":"sparse_mla"' in a.canonical_json()
+    assert SparseMLASpec(num_heads=32).canonical_json() != a.canonical_json()
+
+
+def test_catalog_has_required_presets():
+    heads = {get_preset(f"deepseek-v3.2-tp{tp}").configs[0].num_heads for tp in (1, 2, 4, 8)}
+    assert heads == {128, 64, 32, 16}
+    assert any(name.startswith("glm-5") for name in PRESETS)
+
+
+def test_unknown_preset_and_arch_errors():
+    with pytest.raises(PresetError, match="unknown preset 'nope'; known presets: .*deepseek-v3.2-tp8"):
+        get_preset("nope")
+    with pytest.raises(PresetError, match="--arch: got 'sm_75'"):
+        parse_archs("sm_75")
+    assert parse_archs("sm_90a, sm_120a") == ("sm_90a", "sm_120a")

@@ -1,0 +1,102 @@
+"""Input validation of the sparse MLA facade, on CPU tensors (checks run before any launch)."""
+import pytest
+import torch
+
+from b12x.attention import sparse_mla as sm
+from b12x.errors import InputError
+from codegen.specs import SpecError
+
+H, ROWS, W = 16, 3, 128
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8, arch="sm_90a", num_sms=132))
+
+
+def _inputs(rows=ROWS, width=W):
+    return dict(q=torch.randn(rows, H, 576).bfloat16(), indices=torch.randint(0, 64, (rows, width), dtype=torch.int32),
+                lengths=torch.full((rows,), width, dtype=torch.int32))
+
+
+def _scratch(plan):
+    return torch.empty(plan.scratch_bytes(), dtype=torch.uint8)
+
+
+def test_bind_makes_views_of_scratch(plan):
+    s = _scratch(plan)
+    b = sm.bind(plan, scratch=s, **_inputs())
+    for t in (b.out, b.lse, b.partial_o, b.partial_lse):
+        assert t.untyped_storage().data_ptr() == s.untyped_storage().data_ptr()
+    assert b.out.shape == (ROWS, H, 512) and b.lse.shape == (ROWS, H)
+    assert b.tokens_per_split % 64 == 0 and b.partial_o.shape[1] * b.tokens_per_split >= W
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(q=d["q"].float()), r"q: expected dtype torch.bfloat16, got torch.float32"),
+    (lambda d: d.update(q=torch.randn(ROWS, 32, 576).bfloat16()), r"q: expected shape \(\*, 16, 576\), got \(3, 32, 576\)"),
+    (lambda d: d.update(q=torch.randn(ROWS, 576, H).bfloat16().transpose(1, 2)), r"q: expected a contiguous tensor"),
+    (lambda d: d.update(q=torch.randn(9, H, 576).bfloat16()), r"q: expected at most Caps.max_batched=8 rows, got 9"),
+    (lambda d: d.update(indices=d["indices"].long()), r"indices: expected dtype torch.int32, got torch.int64"),
+    (lambda d: d.update(indices=d["indices"][:2]), r"indices: expected shape \(3, \*\), got \(2, 128\)"),
+    (lambda d: d.update(indices=torch.zeros(ROWS, 100, dtype=torch.int32)), r"multiple of 64 in \[64, 256\], got 100"),
+    (lambda d: d.update(indices=torch.zeros(ROWS, 320, dtype=torch.int32)), r"multiple of 64 in \[64, 256\], got 320"),
+    (lambda d: d.update(lengths=d["lengths"][:1]), r"lengths: expected shape \(3,\), got \(1,\)"),
+    (lambda d: d.update(out=torch.empty(ROWS, H, 512)), r"out: expected dtype torch.bfloat16, got torch.float32"),
+    (lambda d: d.update(lse=torch.empty(ROWS, H + 1)), r"lse: expected shape \(3, 16\), got \(3, 17\)"),
+    (lambda d: d.update(indices=d["indices"].to("meta")), r"indices: expected device cpu, got meta"),
+])
+def test_bind_rejects_bad_tensors(plan, mutate, match):
+    d = _inputs()
+    mutate(d)
+    with pytest.raises(InputError, match=match):
+        sm.bind(plan, scratch=_scratch(plan), **d)
+
+
+def test_bind_rejects_small_scratch(plan):
+    with pytest.raises(InputError, match=r"scratch: expected at least \d+ bytes \(plan.scratch_bytes\(\)\), got 10"):
+        sm.bind(plan, scratch=torch.empty(10, dtype=torch.uint8), **_inputs())
+
+
+@pytest.mark.parametrize("fmt,kv,match", [
+    ("fp8_ds_mla", torch.zeros(4, 64, 576, dtype=torch.uint8), r"kv_cache: expected shape \(\*, 64, 656\)"),
+    ("fp8_ds_mla", torch.zeros(4, 64, 656, dtype=torch.float16), r"kv_cache: expected dtype torch.uint8"),
+    ("fp8_ds_mla", torch.zeros(4, 64, 700, dtype=torch.uint8)[..., :656], r"kv_cache: expected token stride 656"),
+    ("fp8_ds_mla", torch.zeros(4 * 64 * 656 + 4, dtype=torch.uint8)[: 4 * 64 * 656].view(4, 64, 656)[:, :, :],
+     None),
+    ("bf16", torch.zeros(4, 64, 656, dtype=torch.uint8), r"kv_cache: expected dtype torch.bfloat16"),
+    ("bf16", torch.zeros(4, 32, 576, dtype=torch.bfloat16), r"kv_cache: expected shape \(\*, 64, 576\)"),
+])
+def test_kv_cache_checks(fmt, kv, match):
+    if match is None:
+        sm.check_kv_cache(kv, fmt, kv.device)
+        return
+    with pytest.raises(InputError, match=match):
+        sm.check_kv_cache(kv, fmt, kv.device)
+
+
+def test_run_rejects_bad_scalars_and_sink(plan):
+    b = sm.bind(plan, scratch=_scratch(plan), **_inputs())
+    kv = torch.zeros(2, 64, 656, dtype=torch.uint8)
+    with pytest.raises(InputError, match="sm_scale: expected a float > 0, got -1.0"):
+        sm.run_decode(b, kv_cache=kv, sm_scale=-1.0)
+    with pytest.raises(InputError, match="lse_base: expected 'e' or '2', got 'ten'"):
+        sm.run_decode(b, kv_cache=kv, sm_scale=0.1, lse_base="ten")
+    with pytest.raises(InputError, match=r"attn_sink: expected shape \(16,\), got \(8,\)"):
+        sm.run_decode(b, kv_cache=kv, sm_scale=0.1, attn_sink=torch.zeros(8))
+
+
+def test_caps_errors_name_the_field():
+    with pytest.raises(SpecError, match="SparseMLASpec.num_heads: got 24"):
+        sm.plan(sm.Caps(num_heads=24, arch="sm_90a", num_sms=132))
+    with pytest.raises(InputError, match="Caps.max_batched: expected an int >= 1, got 0"):
+        sm.plan(sm.Caps(num_heads=16, max_batched=0, arch="sm_90a", num_sms=132))
+
+
+def test_split_plan_fills_the_gpu_and_scratch_covers_every_row_count(plan):
+    assert sm.split_plan(1, 2048, 132, 1) == (32, 64)      # one row: every tile its own CTA
+    s, tps = sm.split_plan(4, 2048, 132, 2)
+    assert 4 * 2 * s >= 64 and s * tps >= 2048
+    assert sm.split_plan(512, 2048, 132, 2) == (1, 2048)   # many rows: no split
+    need = max(r * plan.splits(r, 256)[0] for r in range(1, 9)) * H * 512 * 4
+    assert plan.regions["partial_o"].nbytes == need
