@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .indexer_specs import INDEXER_HEADS, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
 from .specs import KV_FORMATS, SPARSE_MLA_HEADS, KernelSpec, SparseMLASpec
 from .toolchain import SUPPORTED_ARCHS
 
@@ -26,10 +27,29 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class IndexerConfig:
+    """A lightning indexer: paged logits per compress ratio, contiguous prefill logits, top-k
+    with and without scores, and the fused small-batch score+select path."""
+
+    num_heads: int
+    compress_ratios: tuple[int, ...] = (1,)
+    topk: int = 2048
+
+    def specs(self, arch: str) -> list[KernelSpec]:
+        out: list[KernelSpec] = [IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=c, arch=arch)
+                                 for c in self.compress_ratios]
+        out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", arch=arch))
+        out += [TopKSpec(k=self.topk, with_scores=s, arch=arch) for s in (False, True)]
+        out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=self.topk, arch=arch)
+                for c in self.compress_ratios]
+        return out
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     description: str
-    configs: tuple[ModelConfig, ...]
+    configs: tuple[ModelConfig | IndexerConfig, ...]
 
     def specs(self, archs: tuple[str, ...] = ("sm_90a",)) -> list[KernelSpec]:
         out: list[KernelSpec] = []
@@ -54,6 +74,11 @@ PRESETS: dict[str, Preset] = {
         Preset("deepseek-v3.2-tp8-bf16", "DeepSeek-V3.2 at TP8 with a bf16 latent cache", (ModelConfig(16, "bf16"),)),
         Preset("sparse-mla-decode-all", "every head count and KV format of sparse MLA decode (tests, benchmarks)",
                tuple(ModelConfig(h, f) for f in KV_FORMATS for h in SPARSE_MLA_HEADS)),
+        Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
+        Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
+        Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),
+        Preset("indexer-all", "every indexer head count and compress ratio (tests, benchmarks)",
+               tuple(IndexerConfig(h, (1, 4, 128)) for h in INDEXER_HEADS)),
     ]
 }
 

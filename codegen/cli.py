@@ -54,8 +54,9 @@ class _Progress:
 
     def __call__(self, done: int, total: int, spec, status: str) -> None:
         msg = f"[{done}/{total}] {time.perf_counter() - self.t0:6.1f}s  {spec.name}: {status}"
-        if self.tty and status == "queued":
-            print("\r" + msg.ljust(100), end="", flush=True)
+        if status == "queued":  # a log gets one line per finished spec; a terminal sees the queue move
+            if self.tty:
+                print("\r" + msg.ljust(100), end="", flush=True)
         else:
             print(("\r" if self.tty else "") + msg.ljust(100 if self.tty else 0), flush=True)
 

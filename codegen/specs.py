@@ -53,11 +53,21 @@ class KernelSpec:
         raise NotImplementedError
 
 
+SPEC_FAMILIES: dict[str, type[KernelSpec]] = {}
+
+
+def register_family(cls: type[KernelSpec]) -> type[KernelSpec]:
+    """Class decorator: make a spec family known to KernelSpec.from_json."""
+    SPEC_FAMILIES[cls.family] = cls
+    return cls
+
+
 SPARSE_MLA_HEADS = (16, 32, 64, 128)
 KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPARSE_MLA_MODES = ("decode",)
 
 
+@register_family
 @dataclass(frozen=True)
 class SparseMLASpec(KernelSpec):
     """Sparse MLA attention over a paged latent KV cache (DeepSeek V3.2 / GLM-5 shapes).
@@ -111,4 +121,4 @@ class SparseMLASpec(KernelSpec):
         }
 
 
-SPEC_FAMILIES: dict[str, type[KernelSpec]] = {SparseMLASpec.family: SparseMLASpec}
+from . import indexer_specs  # noqa: E402,F401

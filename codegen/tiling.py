@@ -42,11 +42,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
         tile_tokens = 64
         stages = 2
         warps_m = head_block // 16
-        # O accumulators per thread = 16 * (512 / warps_n) / 32; keep them <= 128 registers
-        # and use 8 warps for latency hiding of the gather.
+        # O accumulators per thread = 16 * (512 / warps_n) / 32: 128 registers at warps_n = 2
+        # (64-head blocks, 8 warps), 64 at warps_n = 4 (16 or 32 heads: 4 or 8 warps).
         warps_n = 2 if warps_m == 4 else 4
-        if warps_m == 2:
-            warps_n = 4
     else:
         # sm_120a: 99 KB of smem. A 16-head block with two 32-token tiles fits.
         head_block = 16

@@ -1,0 +1,477 @@
+"""Lightning indexer (DeepSeek-V3.2 DSA): fp8 logits and exact top-k.
+
+    caps = Caps(num_heads=64, topk=2048, max_batched=128, max_width=131072)
+    p = plan(caps)                                                   # resolves kernels
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")       # engine-owned
+    b = bind(p, scratch=scratch, q=q, weights=w, lengths=seq_lens, block_table=bt, width=W)
+    logits = run_logits(b, kv_cache=kv)          # [rows, W] fp32, -inf past each row
+    idx, scores = run_topk(b)                     # [rows, K] int32 (-1 tail), fp32 (-inf tail)
+    idx, scores = run_index_topk(b, kv_cache=kv)  # both at once (fused for small batches)
+
+Paged (decode, MTP): q [rows, Hi, 128] e4m3, weights [rows, Hi] fp32, K cache [blocks, 64, 132]
+uint8 (DeepGEMM's layout), block_table [requests, pages] int32 with rows = requests * next_n, and
+per-row lengths in tokens; a row holds floor(len / compress_ratio) entries. Contiguous (prefill):
+kv_cache is (kv [n, 128] e4m3, kv_scale [n] fp32) and rows are valid on [starts, ends).
+
+With compressed rows the active width is the graph-stable bound ceil(max_len / c), read on the
+device from `max_len` ([1] int32, filled by the caller): no host sync, and columns past it are
+neither written by run_logits nor read by run_topk. run_* allocate nothing and are CUDA-graph
+capturable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from codegen.indexer_specs import (COMPRESS_RATIOS, INDEXER_HEADS, TOPK_MAX, TOPK_WIDTH_MAX, IndexerLogitsSpec,
+                                   IndexerTopKSpec, TopKSpec, topk_tiling)
+
+from . import registry
+from .device import device_arch, num_sms as device_num_sms
+from .errors import InputError
+from .validate import check_tensor, require
+
+PAGE = 64
+INDEX_DIM = 128
+K_RECORD = INDEX_DIM + 4
+_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What the engine will ask of the indexer. Frozen: a plan is keyed by it."""
+
+    num_heads: int = 64
+    topk: int = 2048                  # largest K asked (any multiple of 128 up to it)
+    compress_ratio: int = 1
+    mode: str = "paged"               # "paged" (decode / MTP) or "contiguous" (prefill)
+    max_batched: int = 128            # most query rows per call
+    max_width: int = 131072           # widest logits row, in entries
+    with_scores: bool = False
+    fused: Optional[bool] = None      # run_index_topk: None = the planner decides per call
+    logits_in_scratch: bool = True    # reserve a [max_batched, max_width] fp32 logits region
+    arch: Optional[str] = None        # None: the current CUDA device's
+    num_sms: Optional[int] = None     # None: the current CUDA device's
+
+    def logits_spec(self, arch: str) -> IndexerLogitsSpec:
+        return IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, mode=self.mode,
+                                 arch=arch)
+
+    def topk_spec(self, arch: str) -> TopKSpec:
+        return TopKSpec(k=self.topk, max_width=self.max_width, with_scores=self.with_scores, arch=arch)
+
+    def fused_spec(self, arch: str) -> IndexerTopKSpec:
+        return IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, k=self.topk,
+                               max_width=self.max_width, with_scores=self.with_scores, arch=arch)
+
+
+@dataclass(frozen=True)
+class ScratchRegion:
+    name: str
+    dtype: torch.dtype
+    numel: int
+    offset: int  # bytes from the start of the scratch buffer
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class TopKStep:
+    """One launch of the top-k sequence: entry point, groups in -> groups out, fan-in."""
+
+    entry: str
+    groups_in: int
+    groups_out: int
+    fan_in: int
+
+
+def topk_schedule(width: int, k: int, chunk: int, merge_cap: int, first: str = "chunk") -> list[TopKStep]:
+    """The launches that reduce a row of `width` entries to its top-k; fixed by the shapes alone."""
+    groups = max(1, -(-width // chunk))
+    if groups == 1:
+        return [TopKStep(f"{first}_final", 0, 1, 1)]
+    steps = [TopKStep(f"{first}_partial", 0, groups, 1)]
+    fan_in = max(2, merge_cap // k)
+    while groups > fan_in:
+        nxt = -(-groups // fan_in)
+        steps.append(TopKStep("merge_partial", groups, nxt, fan_in))
+        groups = nxt
+    steps.append(TopKStep("merge_final", groups, 1, groups))
+    return steps
+
+
+@dataclass
+class IndexerPlan:
+    caps: Caps
+    arch: str
+    num_sms: int
+    logits_spec: IndexerLogitsSpec
+    topk_spec: TopKSpec
+    fused_spec: Optional[IndexerTopKSpec]
+    tiling: dict
+    regions: dict = field(default_factory=dict)
+
+    def kernels(self, which: str) -> registry.LoadedKernels:
+        spec = {"logits": self.logits_spec, "topk": self.topk_spec, "fused": self.fused_spec}[which]
+        return registry.resolve(spec)
+
+    def specs(self) -> list:
+        return [s for s in (self.logits_spec, self.topk_spec, self.fused_spec) if s is not None]
+
+    def scratch_specs(self) -> list[ScratchRegion]:
+        return list(self.regions.values())
+
+    def scratch_bytes(self) -> int:
+        return max((r.offset + r.nbytes for r in self.regions.values()), default=0)
+
+    def pages_per_cta(self, rows: int, width: int) -> int:
+        """Logits work split: about 8 CTAs per SM over all (row, page-run) pairs."""
+        pages = max(1, -(-width // PAGE))
+        return max(1, -(-(rows * pages) // (8 * self.num_sms)))
+
+    def use_fused(self, rows: int, width: int) -> bool:
+        if self.fused_spec is None:
+            return False
+        if self.caps.fused is not None:
+            return self.caps.fused
+        # Small batches: the fused grid still covers the SMs and the logits round trip and the
+        # extra launch are a visible share of the time.
+        return rows * -(-width // self.tiling["fused_chunk"]) >= self.num_sms // 2 and rows <= 16
+
+
+def plan(caps: Caps) -> IndexerPlan:
+    """Validate caps, pick the kernel specs, lay out the scratch."""
+    arch = caps.arch or device_arch()
+    logits_spec = caps.logits_spec(arch)   # raises SpecError naming the field
+    topk_spec = caps.topk_spec(arch)
+    fused_spec = caps.fused_spec(arch) if caps.mode == "paged" else None
+    require(caps.fused is not True or fused_spec is not None,
+            "Caps.fused: expected None or False with mode 'contiguous' (the fused path is paged only), got True")
+    require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
+            f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
+    require(isinstance(caps.max_width, int) and 1 <= caps.max_width <= TOPK_WIDTH_MAX,
+            f"Caps.max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {caps.max_width!r}")
+    sms = caps.num_sms or device_num_sms()
+    tiling = topk_tiling(arch)
+    p = IndexerPlan(caps, arch, sms, logits_spec, topk_spec, fused_spec, tiling)
+    rows, k = caps.max_batched, caps.topk
+    groups = max(-(-caps.max_width // tiling["chunk"]), -(-caps.max_width // tiling["fused_chunk"]))
+    layout = [("cand_key_a", torch.int32, rows * groups * k), ("cand_pos_a", torch.int32, rows * groups * k),
+              ("cand_cnt_a", torch.int32, rows * groups),
+              ("cand_key_b", torch.int32, rows * groups * k), ("cand_pos_b", torch.int32, rows * groups * k),
+              ("cand_cnt_b", torch.int32, rows * groups),
+              ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
+    if caps.logits_in_scratch:
+        layout.append(("logits", torch.float32, rows * caps.max_width))
+    offset = 0
+    for name, dtype, numel in layout:
+        region = ScratchRegion(name, dtype, numel, offset)
+        p.regions[name] = region
+        offset = -(-(offset + region.nbytes) // _ALIGN) * _ALIGN
+    return p
+
+
+@dataclass(frozen=True)
+class Binding:
+    plan: IndexerPlan
+    rows: int
+    width: int
+    k: int
+    q: Optional[torch.Tensor]          # uint8 view of the e4m3 q
+    weights: Optional[torch.Tensor]
+    lengths: torch.Tensor              # paged: tokens per row; contiguous: ends
+    starts: Optional[torch.Tensor]
+    block_table: Optional[torch.Tensor]
+    rows_per_req: int
+    max_len: Optional[torch.Tensor]
+    physical: bool
+    logits: Optional[torch.Tensor]
+    indices: torch.Tensor
+    scores: Optional[torch.Tensor]
+    cand: tuple                        # ((key, pos, cnt) buffer a, buffer b) as flat region views
+    pages_per_cta: int
+
+
+def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> torch.Tensor:
+    nbytes = math.prod(shape) * r.dtype.itemsize
+    return scratch[r.offset:r.offset + nbytes].view(r.dtype).view(shape)
+
+
+def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device) -> None:
+    check_tensor(name, t, dtype=dtype, shape=shape, device=device, align=4)
+    require(t.shape[-1] <= 1 or t.stride(-1) == 1,
+            f"{name}: expected unit stride in the last dim, got strides {t.stride()}")
+    require(t.dim() < 2 or t.stride(0) >= t.shape[1],
+            f"{name}: expected a row stride >= {t.shape[1]}, got strides {t.stride()}")
+
+
+def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: torch.Tensor | None = None,
+         weights: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+         starts: torch.Tensor | None = None, max_len: torch.Tensor | None = None,
+         logits: torch.Tensor | None = None, width: int | None = None, k: int | None = None,
+         physical: bool = False, indices: torch.Tensor | None = None,
+         scores: torch.Tensor | None = None) -> Binding:
+    """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
+
+    lengths [rows] int32: tokens per row (paged; divided by the compress ratio in the kernels) or
+    the end of each row's valid range (contiguous and top-k of given logits). `width` (or
+    logits.shape[1]) is the graph-stable logits width. physical=True returns block-table slots."""
+    caps = plan.caps
+    c = caps.compress_ratio
+    check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, align=_ALIGN)
+    dev = scratch.device
+    require(scratch.numel() >= plan.scratch_bytes(),
+            f"scratch: expected at least {plan.scratch_bytes()} bytes (plan.scratch_bytes()), got {scratch.numel()}")
+    check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)
+    rows = lengths.shape[0]
+    require(rows <= caps.max_batched, f"lengths: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
+    h = caps.num_heads
+    if q is not None:
+        check_tensor("q", q, dtype=torch.float8_e4m3fn, shape=(rows, h, INDEX_DIM), contiguous=True, device=dev)
+        require(weights is not None, "weights: expected a [rows, Hi] float32 tensor with q, got None")
+        check_tensor("weights", weights, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
+    if starts is not None:
+        check_tensor("starts", starts, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
+    if max_len is not None:
+        check_tensor("max_len", max_len, dtype=torch.int32, shape=(1,), device=dev, align=4)
+    if logits is not None:
+        _check_rowmajor("logits", logits, torch.float32, (rows, None), dev)
+        require(width is None or width == logits.shape[1],
+                f"width: expected logits.shape[1]={logits.shape[1]} or None, got {width}")
+        width = logits.shape[1]
+    require(isinstance(width, int) and 1 <= width <= caps.max_width,
+            f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
+    if logits is None and "logits" in plan.regions:
+        logits = _region(scratch, plan.regions["logits"], (rows, width))
+    k = caps.topk if k is None else k
+    require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
+            f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")
+    rows_per_req = 1
+    if (caps.mode == "paged" and q is not None) or physical:
+        require(block_table is not None, "block_table: expected a [requests, pages] int32 tensor, got None")
+    if block_table is not None:
+        _check_rowmajor("block_table", block_table, torch.int32, (None, None), dev)
+        req = block_table.shape[0]
+        require(req >= 1 and rows % req == 0,
+                f"block_table: expected a number of requests dividing rows={rows}, got {req}")
+        rows_per_req = rows // req
+        need_pages = -(-width // PAGE)
+        require(block_table.shape[1] >= need_pages,
+                f"block_table: expected at least ceil(width / 64) = {need_pages} pages per request, "
+                f"got {block_table.shape[1]}")
+    if indices is None:
+        indices = _region(scratch, plan.regions["indices"], (rows, k))
+    _check_rowmajor("indices", indices, torch.int32, (rows, k), dev)
+    if caps.with_scores:
+        if scores is None:
+            scores = _region(scratch, plan.regions["scores"], (rows, k))
+        _check_rowmajor("scores", scores, torch.float32, (rows, k), dev)
+    else:
+        require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
+    cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
+                  plan.regions[f"cand_cnt_{s}"]) for s in "ab")
+    return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
+                   block_table, rows_per_req, max_len, physical, logits, indices, scores, cand,
+                   plan.pages_per_cta(rows, width))
+
+
+def check_kv_cache(kv_cache, mode: str, device: torch.device) -> None:
+    if mode == "paged":
+        check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, PAGE, K_RECORD), device=device)
+        require(kv_cache.stride(2) == 1 and kv_cache.stride(1) == K_RECORD,
+                f"kv_cache: expected token stride {K_RECORD} and byte stride 1 within a page, got strides "
+                f"{kv_cache.stride()}")
+        require(kv_cache.stride(0) >= PAGE * K_RECORD and kv_cache.stride(0) % 16 == 0,
+                f"kv_cache: expected a page stride >= {PAGE * K_RECORD} bytes and a multiple of 16, "
+                f"got {kv_cache.stride(0)}")
+    else:
+        require(isinstance(kv_cache, (tuple, list)) and len(kv_cache) == 2,
+                "kv_cache: expected (kv [n, 128] e4m3, kv_scale [n] float32) in contiguous mode, "
+                f"got {type(kv_cache).__name__}")
+        kv, sc = kv_cache
+        check_tensor("kv_cache[0]", kv, dtype=torch.float8_e4m3fn, shape=(None, INDEX_DIM), contiguous=True,
+                     device=device)
+        check_tensor("kv_cache[1]", sc, dtype=torch.float32, shape=(kv.shape[0],), contiguous=True, device=device,
+                     align=4)
+
+
+def _dummy(b: Binding) -> torch.Tensor:
+    """A placeholder int32 tensor for arguments a launch does not read (flags say so)."""
+    return b.lengths
+
+
+def _launch_logits(b: Binding, kv_cache) -> None:
+    p = b.plan
+    fn = p.kernels("logits")["logits"]
+    if p.caps.mode == "paged":
+        fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, b.max_len if b.max_len is not None else _dummy(b),
+           b.logits, b.rows_per_req, int(b.max_len is not None), b.pages_per_cta)
+    else:
+        kv, sc = kv_cache
+        fn(b.q, b.weights, kv.view(torch.uint8), sc, b.starts, b.lengths, b.logits, b.pages_per_cta)
+
+
+def _cand(b: Binding, which: int, groups: int):
+    scratch, rk, rp, rc = b.cand[which]
+    return (_region(scratch, rk, (b.rows, groups, b.k)), _region(scratch, rp, (b.rows, groups, b.k)),
+            _region(scratch, rc, (b.rows, groups)))
+
+
+def _outputs(b: Binding) -> tuple:
+    return (b.indices, b.scores) if b.plan.caps.with_scores else (b.indices,)
+
+
+def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch) -> None:
+    """Launch the steps; candidates ping-pong between scratch buffers a and b."""
+    dummy = _dummy(b)
+    bt = b.block_table if b.block_table is not None else dummy.view(1, -1)
+    starts = b.starts if b.starts is not None else dummy
+    max_len = b.max_len if b.max_len is not None else dummy
+    ratio = b.plan.caps.compress_ratio if b.plan.caps.mode == "paged" else 1
+    src = 0
+    for i, st in enumerate(steps):
+        out_groups = max(st.groups_out, 1)
+        k_out, p_out, c_out = _cand(b, 1 - src if i else 0, out_groups)
+        if i == 0:
+            first_launch(st, (k_out, p_out, c_out), bt, starts, max_len, ratio)
+            src = 0
+            continue
+        k_in, p_in, c_in = _cand(b, src, st.groups_in)
+        # merge stages never read the logits: any [rows, *] fp32 view will do when there are none
+        logits = b.logits if b.logits is not None else b.indices.view(torch.float32)
+        kernels[st.entry](logits, starts, b.lengths, max_len, bt, k_in, p_in, c_in, k_out, p_out, c_out, *_outputs(b),
+                          b.k, ratio, int(b.starts is not None), int(b.max_len is not None), int(b.physical),
+                          b.rows_per_req, st.fan_in)
+        src = 1 - src
+
+
+def run_logits(b: Binding, *, kv_cache) -> torch.Tensor:
+    """Launch the logits kernel on the current stream. Returns b.logits; allocates nothing."""
+    p = b.plan
+    require(b.q is not None, "q: expected e4m3 [rows, Hi, 128] in bind() to compute logits, got None")
+    require(b.logits is not None, "logits: expected a tensor in bind() (or Caps.logits_in_scratch=True), got None")
+    check_kv_cache(kv_cache, p.caps.mode, b.lengths.device)
+    if p.caps.mode == "contiguous":
+        require(b.starts is not None, "starts: expected [rows] int32 row starts in contiguous mode, got None")
+    if b.rows:
+        _launch_logits(b, kv_cache)
+    return b.logits
+
+
+def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Top-k of b.logits. Returns (indices, scores or None); allocates nothing."""
+    p = b.plan
+    require(b.logits is not None, "logits: expected a tensor in bind() (or Caps.logits_in_scratch=True), got None")
+    if not b.rows:
+        return b.indices, b.scores
+    t = p.tiling
+    steps = topk_schedule(b.width, b.k, t["chunk"], t["merge_cap"], "chunk")
+    kernels = p.kernels("topk")
+
+    def first(st, outs, bt, starts, max_len, ratio):
+        kernels[st.entry](b.logits, starts, b.lengths, max_len, bt, *outs, *outs, *_outputs(b), b.k, ratio,
+                          int(b.starts is not None), int(b.max_len is not None), int(b.physical), b.rows_per_req, 1)
+
+    _run_schedule(b, steps, kernels, first)
+    return b.indices, b.scores
+
+
+def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Logits + top-k: the fused kernel for small batches (no logits in HBM), else run_logits then
+    run_topk. Returns (indices, scores or None); allocates nothing."""
+    p = b.plan
+    if not p.use_fused(b.rows, b.width):
+        run_logits(b, kv_cache=kv_cache)
+        return run_topk(b)
+    require(b.q is not None, "q: expected e4m3 [rows, Hi, 128] in bind() to compute logits, got None")
+    check_kv_cache(kv_cache, p.caps.mode, b.lengths.device)
+    if not b.rows:
+        return b.indices, b.scores
+    t = p.tiling
+    steps = topk_schedule(b.width, b.k, t["fused_chunk"], t["merge_cap"], "fused")
+    kernels = p.kernels("fused")
+
+    def first(st, outs, bt, starts, max_len, ratio):
+        kernels[st.entry](b.q, b.weights, kv_cache, b.block_table, b.lengths, max_len, *outs, *_outputs(b), b.k,
+                          b.width, int(b.max_len is not None), int(b.physical), b.rows_per_req)
+
+    _run_schedule(b, steps, kernels, first)
+    return b.indices, b.scores
+
+
+# -- torch custom ops (torch.compile sees mutating ops with fake implementations) --------------
+@lru_cache(maxsize=64)
+def _cached_plan(caps: Caps) -> IndexerPlan:
+    return plan(caps)
+
+
+def _op_caps(num_heads: int, topk: int, compress_ratio: int, mode: str, max_batched: int, max_width: int,
+             with_scores: bool, logits_in_scratch: bool) -> Caps:
+    return Caps(num_heads=num_heads, topk=topk, compress_ratio=compress_ratio, mode=mode, max_batched=max_batched,
+                max_width=max_width, with_scores=with_scores, logits_in_scratch=logits_in_scratch)
+
+
+@torch.library.custom_op("b12x::indexer_logits", mutates_args=("logits",), device_types="cuda")
+def indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      lengths: torch.Tensor, max_len: Optional[torch.Tensor], scratch: torch.Tensor,
+                      logits: torch.Tensor, compress_ratio: int, max_batched: int, max_width: int) -> None:
+    """logits <- paged indexer logits. scratch: plan(Caps(..., logits_in_scratch=False)).scratch_bytes()."""
+    p = _cached_plan(_op_caps(q.shape[1], TOPK_MAX, compress_ratio, "paged", max_batched, max_width, False, False))
+    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table, max_len=max_len,
+             logits=logits)
+    run_logits(b, kv_cache=kv_cache)
+
+
+@indexer_logits_op.register_fake
+def _(q, weights, kv_cache, block_table, lengths, max_len, scratch, logits, compress_ratio, max_batched,
+      max_width) -> None:
+    return None
+
+
+@torch.library.custom_op("b12x::indexer_topk", mutates_args=("indices", "scores", "scratch"), device_types="cuda")
+def indexer_topk_op(logits: torch.Tensor, lengths: torch.Tensor, starts: Optional[torch.Tensor],
+                    max_len: Optional[torch.Tensor], block_table: Optional[torch.Tensor], scratch: torch.Tensor,
+                    indices: torch.Tensor, scores: Optional[torch.Tensor], compress_ratio: int, topk: int,
+                    max_batched: int, max_width: int) -> None:
+    """indices (and scores) <- exact top-k of logits; physical slots when block_table is given."""
+    p = _cached_plan(_op_caps(8, topk, compress_ratio, "paged", max_batched, max_width, scores is not None, False))
+    b = bind(p, scratch=scratch, lengths=lengths, starts=starts, max_len=max_len, block_table=block_table,
+             logits=logits, k=indices.shape[1], physical=block_table is not None, indices=indices, scores=scores)
+    run_topk(b)
+
+
+@indexer_topk_op.register_fake
+def _(logits, lengths, starts, max_len, block_table, scratch, indices, scores, compress_ratio, topk, max_batched,
+      max_width) -> None:
+    return None
+
+
+@torch.library.custom_op("b12x::indexer_index_topk", mutates_args=("indices", "scores", "scratch"),
+                         device_types="cuda")
+def indexer_index_topk_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          lengths: torch.Tensor, max_len: Optional[torch.Tensor], scratch: torch.Tensor,
+                          indices: torch.Tensor, scores: Optional[torch.Tensor], width: int, compress_ratio: int,
+                          topk: int, max_batched: int, max_width: int, physical: bool) -> None:
+    """indices (and scores) <- top-k of the paged indexer logits (fused when the batch is small).
+    scratch: plan(Caps(..., logits_in_scratch=True)).scratch_bytes()."""
+    p = _cached_plan(_op_caps(q.shape[1], topk, compress_ratio, "paged", max_batched, max_width, scores is not None,
+                              True))
+    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table, max_len=max_len,
+             width=width, k=indices.shape[1], physical=physical, indices=indices, scores=scores)
+    run_index_topk(b, kv_cache=kv_cache)
+
+
+@indexer_index_topk_op.register_fake
+def _(q, weights, kv_cache, block_table, lengths, max_len, scratch, indices, scores, width, compress_ratio, topk,
+      max_batched, max_width, physical) -> None:
+    return None
+
+
+__all__ = ["Caps", "IndexerPlan", "Binding", "ScratchRegion", "TopKStep", "plan", "bind", "run_logits", "run_topk",
+           "run_index_topk", "topk_schedule", "check_kv_cache", "INDEXER_HEADS", "COMPRESS_RATIOS", "InputError"]

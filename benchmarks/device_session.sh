@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|all] [pytest -k expr]
+set -uo pipefail
+what=${1:-all}
+kexpr=${2:-}
+export B12X_CACHE_DIR=${B12X_CACHE_DIR:-$PWD/.cache/b12x}
+OUT=${OUT:-/tmp/b12x-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import flash_mla" > "$OUT/flashmla-import.txt" 2>&1 || true
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -m gpu tests/gpu ${kexpr:+-k "$kexpr"} -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || rc=1
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 benchmarks/bench_sparse_mla_decode.py --json "$OUT/decode.json" ${BENCH_ARGS:-} > "$OUT/bench-decode.log" 2>&1 || rc=1
+fi
+echo "== gpu"; cat "$OUT/gpu.txt"
+echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
+[ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
+[ -f "$OUT/bench-decode.log" ] && { echo "== decode bench"; tail -30 "$OUT/bench-decode.log"; }
+exit $rc

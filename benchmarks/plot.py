@@ -1,0 +1,43 @@
+"""Plot a benchmark JSON (from bench_sparse_mla_decode.py --json) into a PNG beside RESULTS.md."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_decode(data: dict, path: str) -> None:
+    rows = data["rows"]
+    heads = sorted({r["heads"] for r in rows})
+    fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 3.6), sharey=False)
+    for ax, h in zip(axes, heads):
+        rs = sorted((r for r in rows if r["heads"] == h), key=lambda r: r["batch"])
+        b = [r["batch"] for r in rs]
+        ax.plot(b, [r["ours_fp8_us"] for r in rs], "o-", label="b12x fp8")
+        if any(r["peer_fp8_us"] for r in rs):
+            label = "FlashMLA fp8" + (" (q padded to 64 heads)" if h < 64 else "")
+            ax.plot(b, [r["peer_fp8_us"] for r in rs], "s--", label=label)
+        ax.plot(b, [r["ours_bf16_us"] for r in rs], "^:", label="b12x bf16 KV")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"h={h}, top-k 2048")
+        ax.set_xlabel("batch (rows)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("µs per call (median, CUDA graph)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"sparse MLA decode on {data['device']} ({data['date']}, {data['commit'][:10]})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("json")
+    ap.add_argument("png")
+    a = ap.parse_args()
+    with open(a.json) as f:
+        plot_decode(json.load(f), a.png)

@@ -1,0 +1,161 @@
+"""Specs of the lightning indexer: fp8 logits, top-k selection, and the fused small-batch path.
+
+Registered with codegen.specs (imported at the end of that module), so KernelSpec.from_json,
+the artifact cache and the build workers know these families."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .specs import KernelSpec, _require, register_family
+from .toolchain import SUPPORTED_ARCHS
+
+INDEXER_HEADS = (8, 16, 32, 64)
+COMPRESS_RATIOS = (1, 4, 128)
+LOGITS_MODES = ("paged", "contiguous")
+TOPK_MAX = 2048
+TOPK_WIDTH_MAX = 262144
+
+# Largest dynamic shared memory one CTA may use (bytes); the top-k chunk is sized from it.
+_SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
+
+
+def topk_tiling(arch: str) -> dict:
+    """Top-k tile parameters (pure Python, shared by the templates and the planner).
+
+    chunk:     logits one CTA selects from in shared memory (u32 keys), the first stage.
+    merge_cap: candidates one merge CTA holds (u32 key + i32 position each).
+    threads:   CTA size of the select kernels.
+    bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys)."""
+    chunk = 16384 if arch == "sm_90a" else 8192
+    return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
+            "fused_chunk": 8192, "fused_warps": 16}
+
+
+def _check_arch(c: str, arch: str) -> None:
+    _require(c, "arch", arch, arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+
+
+@register_family
+@dataclass(frozen=True)
+class IndexerLogitsSpec(KernelSpec):
+    """logits[r, t] = k_scale[t] * sum_h weights[r, h] * relu(q[r, h] . k[t]) over an fp8 K cache.
+
+    mode "paged":      K through a block table over [blocks, 64, 132] pages (decode, MTP rows);
+                       row r holds floor(lengths[r] / compress_ratio) entries.
+    mode "contiguous": gathered K [n, 128] e4m3 + scales [n] fp32 with per-row [start, end)
+                       bounds in entries (prefill); compress_ratio must be 1 (bounds are entries)."""
+
+    family: ClassVar[str] = "indexer_logits"
+    template: ClassVar[str] = "indexer_logits.py.j2"
+
+    index_head_dim: int = 128
+    num_heads: int = 64
+    compress_ratio: int = 1
+    mode: str = "paged"
+    page_size: int = 64
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        _require(c, "index_head_dim", self.index_head_dim, self.index_head_dim == 128, "128")
+        _require(c, "num_heads", self.num_heads, self.num_heads in INDEXER_HEADS, ", ".join(map(str, INDEXER_HEADS)))
+        _require(c, "compress_ratio", self.compress_ratio, self.compress_ratio in COMPRESS_RATIOS,
+                 ", ".join(map(str, COMPRESS_RATIOS)))
+        _require(c, "mode", self.mode, self.mode in LOGITS_MODES, ", ".join(LOGITS_MODES))
+        _require(c, "compress_ratio", self.compress_ratio, self.mode == "paged" or self.compress_ratio == 1,
+                 "1 with mode 'contiguous' (its bounds are already in entries)")
+        _require(c, "page_size", self.page_size, self.page_size == 64, "64")
+        _check_arch(c, self.arch)
+
+    @property
+    def name(self) -> str:
+        return f"indexer_logits_{self.mode}_h{self.num_heads}_c{self.compress_ratio}_{self.arch}"
+
+    def template_context(self) -> dict:
+        return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
+                "mode": self.mode, "page_size": self.page_size, "arch": self.arch,
+                "warps": 4, "min_ctas": {8: 6, 16: 4, 32: 3, 64: 3}[self.num_heads]}
+
+
+@register_family
+@dataclass(frozen=True)
+class TopKSpec(KernelSpec):
+    """Exact per-row top-k of fp32 logits: int32 row-relative positions with a -1 tail, or physical
+    slots through a block table; optionally the fp32 scores (-inf where invalid).
+
+    `k` is the largest K served: any multiple of 128 up to it runs on the same artifact.
+    `max_width` bounds the row width (it sizes the merge levels the planner may use)."""
+
+    family: ClassVar[str] = "topk"
+    template: ClassVar[str] = "topk.py.j2"
+
+    k: int = 2048
+    max_width: int = TOPK_WIDTH_MAX
+    with_scores: bool = False
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        _require(c, "k", self.k, isinstance(self.k, int) and 128 <= self.k <= TOPK_MAX and self.k % 128 == 0,
+                 f"a multiple of 128 in [128, {TOPK_MAX}]")
+        _require(c, "max_width", self.max_width,
+                 isinstance(self.max_width, int) and 1 <= self.max_width <= TOPK_WIDTH_MAX,
+                 f"an int in [1, {TOPK_WIDTH_MAX}]")
+        _require(c, "with_scores", self.with_scores, isinstance(self.with_scores, bool), "True, False")
+        _check_arch(c, self.arch)
+
+    @property
+    def name(self) -> str:
+        return f"topk_k{self.k}_w{self.max_width}{'_scores' if self.with_scores else ''}_{self.arch}"
+
+    def template_context(self) -> dict:
+        return {"k_max": self.k, "max_width": self.max_width, "with_scores": self.with_scores, "arch": self.arch,
+                "tile": topk_tiling(self.arch)}
+
+
+@register_family
+@dataclass(frozen=True)
+class IndexerTopKSpec(KernelSpec):
+    """Fused paged indexer + top-k for small batches: each CTA scores a chunk of tokens into shared
+    memory and selects its top-k there, so the [rows, width] logits never reach HBM; merge kernels
+    (the same as TopKSpec's) reduce the chunk candidates to the row's top-k."""
+
+    family: ClassVar[str] = "indexer_topk"
+    template: ClassVar[str] = "indexer_topk_fused.py.j2"
+
+    index_head_dim: int = 128
+    num_heads: int = 64
+    compress_ratio: int = 1
+    k: int = 2048
+    max_width: int = TOPK_WIDTH_MAX
+    with_scores: bool = False
+    page_size: int = 64
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        _require(c, "index_head_dim", self.index_head_dim, self.index_head_dim == 128, "128")
+        _require(c, "num_heads", self.num_heads, self.num_heads in INDEXER_HEADS, ", ".join(map(str, INDEXER_HEADS)))
+        _require(c, "compress_ratio", self.compress_ratio, self.compress_ratio in COMPRESS_RATIOS,
+                 ", ".join(map(str, COMPRESS_RATIOS)))
+        _require(c, "k", self.k, isinstance(self.k, int) and 128 <= self.k <= TOPK_MAX and self.k % 128 == 0,
+                 f"a multiple of 128 in [128, {TOPK_MAX}]")
+        _require(c, "max_width", self.max_width,
+                 isinstance(self.max_width, int) and 1 <= self.max_width <= TOPK_WIDTH_MAX,
+                 f"an int in [1, {TOPK_WIDTH_MAX}]")
+        _require(c, "with_scores", self.with_scores, isinstance(self.with_scores, bool), "True, False")
+        _require(c, "page_size", self.page_size, self.page_size == 64, "64")
+        _check_arch(c, self.arch)
+
+    @property
+    def name(self) -> str:
+        return (f"indexer_topk_h{self.num_heads}_c{self.compress_ratio}_k{self.k}_w{self.max_width}"
+                f"{'_scores' if self.with_scores else ''}_{self.arch}")
+
+    def template_context(self) -> dict:
+        return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
+                "k_max": self.k, "max_width": self.max_width, "with_scores": self.with_scores,
+                "page_size": self.page_size, "arch": self.arch,
+                # q and the accumulators need ~170 registers at 32+ heads: 8 warps keep them unspilled
+                "tile": {**topk_tiling(self.arch), "fused_warps": 8 if self.num_heads >= 32 else 16}}

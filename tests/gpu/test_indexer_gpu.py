@@ -1,0 +1,295 @@
+"""Lightning indexer on the GPU against the torch references (fp8 paths on the dequantized data).
+
+Kernels come from B12X_CACHE_DIR (build them ahead of time) or are built on first use."""
+import pytest
+import torch
+
+from b12x import indexer as ix
+from b12x.indexer_reference import (indexer_logits_contiguous_reference, indexer_logits_paged_reference,
+                                    quantize_k_pages, quantize_q, topk_reference)
+
+pytestmark = pytest.mark.gpu
+
+
+def _gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def paged_case(rows, heads, next_n=1, max_len=4096, c=1, blocks=None, page_stride=None, seed=0, lengths=None,
+               pool=None):
+    """Random e4m3 q/K, positive and negative weights, a shuffled block table. max_len is in tokens;
+    the cache holds ceil(max_len / c) entries per request."""
+    g = _gen(seed)
+    req = rows // next_n
+    pages = -(-(-(-max_len // c)) // 64)
+    if pool is None:
+        blocks = blocks or req * pages + 3
+        kv = quantize_k_pages(torch.randn(blocks, 64, 128, device="cuda", generator=g))
+        if page_stride is not None:
+            big = torch.zeros(blocks, page_stride, dtype=torch.uint8, device="cuda")
+            big[:, :8448] = kv.view(blocks, -1)
+            kv = torch.as_strided(big, (blocks, 64, 132), (page_stride, 132, 1))
+    else:
+        kv = pool
+    nblk = kv.shape[0]
+    perm = torch.randperm(nblk, device="cuda", generator=g)[: req * pages]
+    bt = perm.view(req, pages).int().contiguous()
+    q = quantize_q(torch.randn(rows, heads, 128, device="cuda", generator=g) * 2)
+    w = torch.randn(rows, heads, device="cuda", generator=g)
+    if lengths is None:
+        lengths = torch.randint(1, max_len + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    return q, w, kv, bt, lengths
+
+
+def make_plan(heads=64, k=2048, c=1, mode="paged", rows=8, width=8192, scores=True, fused=None):
+    return ix.plan(ix.Caps(num_heads=heads, topk=k, compress_ratio=c, mode=mode, max_batched=rows, max_width=width,
+                           with_scores=scores, fused=fused))
+
+
+def scratch_for(p):
+    return torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
+
+
+def check_logits(ours, ref):
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(ours), fin), "logits are -inf exactly where the reference is"
+    assert torch.all(ours[~fin] == float("-inf"))
+    a, b = ours[fin].double(), ref[fin].double()
+    if a.numel():
+        rel = ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+        assert rel <= 1e-3, f"relative error {rel:.2e}"
+
+
+def check_topk_sets(idx, scores, ref_idx, logits=None):
+    for r in range(idx.shape[0]):
+        got = [i for i in idx[r].tolist() if i >= 0]
+        want = [i for i in ref_idx[r].tolist() if i >= 0]
+        assert len(got) == len(set(got)), f"row {r}: duplicate indices"
+        assert set(got) == set(want), f"row {r}: top-k set differs ({len(set(got) ^ set(want))} entries)"
+        n = len(want)
+        assert (idx[r, n:] == -1).all(), f"row {r}: expected a -1 tail after {n} winners"
+        if scores is not None:
+            assert torch.isinf(scores[r, n:]).all() and (scores[r, n:] < 0).all()
+            if logits is not None and n:
+                torch.testing.assert_close(scores[r, :n], logits[r, idx[r, :n].long()])
+
+
+# ---- logits ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads", (8, 16, 32, 64))
+@pytest.mark.parametrize("c", (1, 4, 128))
+@pytest.mark.parametrize("next_n", (1, 2))
+def test_paged_logits(heads, c, next_n):
+    rows, width = 4 * next_n, 6000
+    q, w, kv, bt, lengths = paged_case(rows, heads, next_n, max_len=width * c, c=c, seed=heads + c + next_n)
+    lengths[0] = 0                                            # a zero-length row
+    p = make_plan(heads, c=c, rows=rows, width=width)
+    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt[:, : -(-width // 64)],
+                width=width)
+    ours = ix.run_logits(b, kv_cache=kv).clone()
+    torch.cuda.synchronize()
+    ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c)
+    check_logits(ours, ref)
+
+
+def test_paged_logits_max_len_bound_and_strided_pages():
+    c, rows, width = 4, 6, 4096
+    q, w, kv, bt, lengths = paged_case(rows, 32, 2, max_len=width * c, c=c, page_stride=8448 + 512, seed=5)
+    max_len = int(lengths.max())
+    ml = torch.tensor([max_len], dtype=torch.int32, device="cuda")   # the caller's persistent buffer
+    p = make_plan(32, c=c, rows=rows, width=width)
+    logits = torch.full((rows, width), 12345.0, device="cuda")
+    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt, max_len=ml,
+                logits=logits)
+    ix.run_logits(b, kv_cache=kv)
+    torch.cuda.synchronize()
+    act = -(-max_len // c)
+    ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, max_len=max_len)
+    check_logits(logits[:, :act], ref[:, :act])
+    assert torch.all(logits[:, -(-act // 64) * 64:] == 12345.0), "columns past the active width are not written"
+
+
+def test_logits_address_beyond_2gb():
+    blocks = (1 << 31) // 8448 + 4096                        # a 2.1 GB pool
+    pool = torch.zeros(blocks, 64, 132, dtype=torch.uint8, device="cuda")
+    g = _gen(9)
+    hi = torch.arange(blocks - 256, blocks, device="cuda")
+    pool[hi] = quantize_k_pages(torch.randn(256, 64, 128, device="cuda", generator=g))
+    q = quantize_q(torch.randn(2, 64, 128, device="cuda", generator=g))
+    w = torch.randn(2, 64, device="cuda", generator=g)
+    bt = hi[torch.randperm(256, device="cuda", generator=g)].int().view(2, 128).contiguous()
+    lengths = torch.tensor([8192, 5000], dtype=torch.int32, device="cuda")
+    assert int(bt.min()) * 8448 > (1 << 31)
+    p = make_plan(64, rows=2, width=8192)
+    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt, width=8192, physical=True)
+    ours = ix.run_logits(b, kv_cache=pool).clone()
+    idx, sc = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref = indexer_logits_paged_reference(q, w, pool, bt, lengths, 8192)
+    check_logits(ours, ref)
+    ref_idx, _ = topk_reference(ours, 2048, lengths, block_table=bt)
+    check_topk_sets(idx, None, ref_idx)
+    del pool
+
+
+@pytest.mark.parametrize("heads", (32, 64))
+def test_contiguous_logits(heads):
+    g = _gen(heads)
+    n, rows = 5000, 7
+    kv = quantize_q(torch.randn(n, 128, device="cuda", generator=g))
+    sc = torch.rand(n, device="cuda", generator=g) + 0.1
+    q = quantize_q(torch.randn(rows, heads, 128, device="cuda", generator=g))
+    w = torch.randn(rows, heads, device="cuda", generator=g)
+    starts = torch.tensor([0, 0, 100, 4000, 63, 2000, 10], dtype=torch.int32, device="cuda")
+    ends = torch.tensor([0, 64, 1500, 5000, 4999, 2001, 6000], dtype=torch.int32, device="cuda")
+    p = make_plan(heads, mode="contiguous", rows=rows, width=n)
+    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=ends, starts=starts, width=n, k=512)
+    ours = ix.run_logits(b, kv_cache=(kv, sc)).clone()
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref = indexer_logits_contiguous_reference(q, w, kv, sc, starts, ends, n)
+    check_logits(ours, ref)
+    ref_idx, _ = topk_reference(ours, 512, ends, starts)
+    check_topk_sets(idx, None, ref_idx)
+
+
+# ---- top-k ----------------------------------------------------------------------------------------
+def distinct_logits(rows, width, seed):
+    """Distinct scores (a random permutation), some rows shorter than K, one empty row."""
+    g = _gen(seed)
+    vals = torch.rand(rows, width, device="cuda", generator=g).argsort(dim=1).float() * 1e-3 - 3.0
+    return vals
+
+
+WIDTHS = (1, 100, 2048, 8191, 16384, 16385, 65536, 131072, 262144)
+
+
+@pytest.mark.parametrize("k", (512, 1024, 2048))
+@pytest.mark.parametrize("width", WIDTHS)
+def test_topk_matches_torch(k, width):
+    rows = 5
+    logits = distinct_logits(rows, width, seed=width + k)
+    g = _gen(k)
+    ends = torch.randint(0, width + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    ends[0] = width
+    ends[1] = min(width, k // 2)        # shorter than K
+    ends[2] = 0                         # empty row
+    p = make_plan(k=k, rows=rows, width=max(width, 1))
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref_idx, _ = topk_reference(logits, k, ends)
+    check_topk_sets(idx, scores, ref_idx, logits)
+    # deterministic run to run, bit for bit
+    idx1, sc1 = idx.clone(), scores.clone()
+    ix.run_topk(b)
+    torch.cuda.synchronize()
+    assert torch.equal(idx, idx1) and torch.equal(scores, sc1)
+
+
+@pytest.mark.parametrize("k", (128, 384, 2048))
+def test_topk_any_multiple_of_128_and_ties(k):
+    rows, width = 3, 40000
+    logits = torch.randint(0, 50, (rows, width), device="cuda", generator=_gen(3)).float()   # heavy ties
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    p = make_plan(k=2048, rows=rows, width=width)
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    for r in range(rows):
+        assert len(set(idx[r].tolist())) == k and (idx[r] >= 0).all()
+        kth = torch.topk(logits[r], k).values[-1]
+        assert (logits[r, idx[r].long()] >= kth).all()                # a valid top-k under ties
+        assert torch.equal(scores[r], logits[r, idx[r].long()])
+
+
+def test_topk_compressed_rows_and_physical_slots():
+    c, rows, next_n, width = 4, 6, 2, 20000
+    logits = distinct_logits(rows, width, seed=11)
+    g = _gen(12)
+    lengths = torch.randint(0, width * c, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    ml = lengths.max().view(1).contiguous()
+    bt = torch.randperm(4096, device="cuda", generator=g)[: rows // next_n * 313].int().view(rows // next_n, 313)
+    p = make_plan(k=2048, c=c, rows=rows, width=width)
+    b = ix.bind(p, scratch=scratch_for(p), lengths=lengths, logits=logits, max_len=ml, block_table=bt, physical=True)
+    idx, _ = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, max_len=int(ml), block_table=bt)
+    check_topk_sets(idx, None, ref_idx)
+
+
+# ---- fused + graphs -------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads", (16, 64))
+@pytest.mark.parametrize("c", (1, 4))
+@pytest.mark.parametrize("max_len", (3000, 40000))
+def test_fused_matches_unfused(heads, c, max_len):
+    rows, next_n = 4, 2
+    width = -(-max_len // c)
+    q, w, kv, bt, lengths = paged_case(rows, heads, next_n, max_len=max_len, c=c, seed=heads * c)
+    out = {}
+    for fused in (True, False):
+        p = make_plan(heads, c=c, rows=rows, width=width, fused=fused)
+        b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt, width=width)
+        idx, sc = ix.run_index_topk(b, kv_cache=kv)
+        out[fused] = (idx.clone(), sc.clone(), b)
+    torch.cuda.synchronize()
+    logits = out[False][2].logits
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c)
+    check_topk_sets(out[False][0], out[False][1], ref_idx, logits)
+    check_topk_sets(out[True][0], None, ref_idx)
+    # same logits, so the same scores per index
+    for r in range(rows):
+        a = dict(zip(out[True][0][r].tolist(), out[True][1][r].tolist()))
+        bb = dict(zip(out[False][0][r].tolist(), out[False][1][r].tolist()))
+        assert a.keys() == bb.keys()
+        for i in a:
+            if i >= 0:
+                assert abs(a[i] - bb[i]) <= 1e-5 * abs(bb[i]) + 1e-6
+
+
+@pytest.mark.parametrize("fused", (True, False))
+def test_cuda_graph_capture_without_allocation(fused):
+    rows, heads, c, width = 4, 64, 4, 8192
+    q, w, kv, bt, lengths = paged_case(rows, heads, 2, max_len=width * c, c=c, seed=21)
+    ml = torch.tensor([int(lengths.max())], dtype=torch.int32, device="cuda")
+    p = make_plan(heads, c=c, rows=rows, width=width, fused=fused)
+    scratch = scratch_for(p)
+    b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=width, max_len=ml)
+    ix.run_index_topk(b, kv_cache=kv)          # lazy module loads happen before capture
+    torch.cuda.synchronize()
+    want = b.indices.clone()
+    b.indices.fill_(7)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    before = torch.cuda.memory_allocated()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            ix.run_index_topk(b, kv_cache=kv)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.cuda.memory_allocated() == before, "run_index_topk allocated during capture"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(b.indices, want)
+    # new lengths and max_len on the device: the same graph follows them, no host sync needed
+    lengths.copy_(lengths // 2)
+    ml.fill_(int(lengths.max()))
+    graph.replay()
+    torch.cuda.synchronize()
+    logits = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, max_len=int(ml))
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, max_len=int(ml))
+    check_topk_sets(b.indices, None, ref_idx)
+
+
+def test_custom_ops_run():
+    rows, heads, width = 2, 32, 4096
+    q, w, kv, bt, lengths = paged_case(rows, heads, 1, max_len=width, seed=31)
+    p = ix.plan(ix.Caps(num_heads=heads, topk=2048, max_batched=rows, max_width=width, with_scores=True))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    idx = torch.empty(rows, 2048, dtype=torch.int32, device="cuda")
+    sc = torch.empty(rows, 2048, dtype=torch.float32, device="cuda")
+    torch.ops.b12x.indexer_index_topk(q, w, kv, bt, lengths, None, scratch, idx, sc, width, 1, 2048, rows, width,
+                                      False)
+    torch.cuda.synchronize()
+    logits = indexer_logits_paged_reference(q, w, kv, bt, lengths, width)
+    ref_idx, _ = topk_reference(logits, 2048, lengths)
+    check_topk_sets(idx, None, ref_idx)
