@@ -61,12 +61,14 @@ class Caps:
         return IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, mode=self.mode,
                                  arch=arch)
 
+    # One top-k artifact serves every K <= TOPK_MAX and width <= TOPK_WIDTH_MAX (both are launch
+    # arguments), so plans always name the catalog's bucket rather than a spec per call shape.
     def topk_spec(self, arch: str) -> TopKSpec:
-        return TopKSpec(k=self.topk, max_width=self.max_width, with_scores=self.with_scores, arch=arch)
+        return TopKSpec(k=TOPK_MAX, max_width=TOPK_WIDTH_MAX, with_scores=self.with_scores, arch=arch)
 
     def fused_spec(self, arch: str) -> IndexerTopKSpec:
-        return IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, k=self.topk,
-                               max_width=self.max_width, with_scores=self.with_scores, arch=arch)
+        return IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, k=TOPK_MAX,
+                               max_width=TOPK_WIDTH_MAX, with_scores=self.with_scores, arch=arch)
 
 
 @dataclass(frozen=True)

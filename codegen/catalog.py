@@ -40,8 +40,8 @@ class IndexerConfig:
                                  for c in self.compress_ratios]
         out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", arch=arch))
         out += [TopKSpec(k=self.topk, with_scores=s, arch=arch) for s in (False, True)]
-        out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=self.topk, arch=arch)
-                for c in self.compress_ratios]
+        out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=self.topk, with_scores=s, arch=arch)
+                for c in self.compress_ratios for s in (False, True)]
         return out
 
 

@@ -203,8 +203,10 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     k = p.kernels
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
-    k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse,
-                 binding.lse if attn_sink is None else attn_sink, int(attn_sink is not None), int(lse_base == "e"))
+    # Without a sink the kernel never reads the sink tensor; any [H] fp32 view satisfies the signature.
+    sink = binding.lse[0] if attn_sink is None else attn_sink
+    k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse, sink,
+                 int(attn_sink is not None), int(lse_base == "e"))
     return binding.out, binding.lse
 
 

@@ -145,12 +145,12 @@ def test_run_to_run_determinism(kv_format):
 
 def test_custom_op_matches_facade():
     case = random_case(4, 16, 512, "fp8_ds_mla", seed=41)
-    p = sm.plan(sm.Caps(num_heads=16, topk=512, max_batched=4))
+    p = sm.plan(sm.Caps(num_heads=16, topk=2048, max_batched=4))  # width 512 on the catalog's top-k 2048 bundle
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(4, 16, device="cuda")
     torch.ops.b12x.sparse_mla_decode(case.q, case.kv, case.indices, case.lengths, scratch, out, lse,
-                                     case.sm_scale, None, True, "fp8_ds_mla", 512, 4)
+                                     case.sm_scale, None, True, "fp8_ds_mla", 2048, 4)
     check(case, out, lse)
 
 
