@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .indexer_specs import INDEXER_HEADS, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
-from .specs import KV_FORMATS, SPARSE_MLA_HEADS, KernelSpec, SparseMLASpec
+from .specs import KV_FORMATS, SPARSE_MLA_HEADS, DcpSpec, KernelSpec, SparseMLASpec
 from .toolchain import SUPPORTED_ARCHS
 
 DEFAULT_PRESET = "deepseek-v3.2-tp8"
@@ -46,10 +46,20 @@ class IndexerConfig:
 
 
 @dataclass(frozen=True)
+class DcpConfig:
+    """DCP global top-k: the conversion/merge/filter kernels and the top-k with scores they run."""
+
+    topk: int = 2048
+
+    def specs(self, arch: str) -> list[KernelSpec]:
+        return [DcpSpec(arch=arch), TopKSpec(k=self.topk, with_scores=True, arch=arch)]
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     description: str
-    configs: tuple[ModelConfig | IndexerConfig, ...]
+    configs: tuple[ModelConfig | IndexerConfig | DcpConfig, ...]
 
     def specs(self, archs: tuple[str, ...] = ("sm_90a",)) -> list[KernelSpec]:
         out: list[KernelSpec] = []
@@ -77,6 +87,8 @@ PRESETS: dict[str, Preset] = {
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),
+        Preset("dcp-topk", "DCP global top-k merge: position conversion, candidate top-k with scores, owner filter",
+               (DcpConfig(),)),
         Preset("indexer-all", "every indexer head count and compress ratio (tests, benchmarks)",
                tuple(IndexerConfig(h, (1, 4, 128)) for h in INDEXER_HEADS)),
     ]

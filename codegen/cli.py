@@ -90,12 +90,20 @@ def cmd_prewarm(args) -> int:
     if not torch.cuda.is_available():
         print(f"artifacts ready for {len(results)} specs; no CUDA device here, so nothing was loaded or launched")
         return 0
+    from b12x import registry
     from b12x.prewarm import prewarm_sparse_mla
 
+    from .catalog import ModelConfig
+
     for cfg in get_preset(args.preset).configs:
-        prewarm_sparse_mla(num_heads=cfg.num_heads, kv_format=cfg.kv_format, topk=cfg.topk,
-                           max_batched=args.max_batched)
-        print(f"prewarmed h={cfg.num_heads} {cfg.kv_format} topk={cfg.topk} max_batched={args.max_batched}")
+        if isinstance(cfg, ModelConfig):
+            prewarm_sparse_mla(num_heads=cfg.num_heads, kv_format=cfg.kv_format, topk=cfg.topk,
+                               max_batched=args.max_batched)
+            print(f"prewarmed h={cfg.num_heads} {cfg.kv_format} topk={cfg.topk} max_batched={args.max_batched}")
+        else:  # indexer / DCP bundles: load every artifact (their launches happen in the engine's prewarm)
+            for spec in cfg.specs(results[0].spec.arch):
+                registry.resolve(spec)
+            print(f"loaded {type(cfg).__name__} artifacts")
     return 0
 
 

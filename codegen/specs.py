@@ -121,4 +121,26 @@ class SparseMLASpec(KernelSpec):
         }
 
 
+@register_family
+@dataclass(frozen=True)
+class DcpSpec(KernelSpec):
+    """The small kernels of the DCP global top-k (position conversion, candidate gather, winner
+    finalisation, owner filter). World size, rank, interleave and K are launch arguments."""
+
+    family: ClassVar[str] = "dcp"
+    template: ClassVar[str] = "dcp.py.j2"
+
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        _require(type(self).__name__, "arch", self.arch, self.arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+
+    @property
+    def name(self) -> str:
+        return f"dcp_topk_{self.arch}"
+
+    def template_context(self) -> dict:
+        return {"arch": self.arch}
+
+
 from . import indexer_specs  # noqa: E402,F401

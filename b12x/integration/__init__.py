@@ -1,0 +1,1 @@
+"""Engine adapters: thin, engine-shaped entry points over b12x's plan/bind/run facades."""

@@ -1,0 +1,115 @@
+"""vLLM-shaped entry points for a DeepSeek-V3.2-style sparse attention backend.
+
+The call sequence an attention backend uses (see README "vLLM integration"):
+
+    # __init__ of the backend / indexer layer, once per layer kind:
+    bufs = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)   # target AND MTP draft
+    prewarm(model=SparseModel(...), max_batched=..., dcp=(group, rank, world, interleave), scratch=workspace)
+    b12x.freeze()
+
+    # per step (CUDA-graph capturable, no host sync):
+    width = decode_metadata(active_width_buf, max_seq_len=..., compress_ratio=c, seq_lens_cpu=shadow, ...)
+    indexer.topk(q_fp8, weights, kv_idx, block_table, seq_lens, scratch=ws, out=bufs)        # fills bufs
+    indexer.dcp_global_topk(bufs, rows, scratch=ws)                                           # DCP > 1
+    mla.decode(q, kv_cache, indices, lengths, out=attn_out, scratch=ws)
+
+There is no cached workspace or arena: every call binds the caller's scratch, as vLLM's B12X
+binding rule asks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import dcp as _dcp
+from .. import indexer as _ix
+from ..attention import sparse_mla as _mla
+from ..metadata import decode_active_width
+from ..prewarm import prewarm_sparse_mla
+
+make_topk_buffers = _dcp.allocate_topk_buffers
+decode_metadata = decode_active_width
+
+
+@dataclass(frozen=True)
+class DcpConfig:
+    """The decode-context-parallel group of this rank (world 1: no DCP)."""
+
+    world: int = 1
+    rank: int = 0
+    interleave: int = 1
+    group: Optional[dist.ProcessGroup] = None
+    global_topk: bool = True  # False: convert-only (each rank keeps its own local top-k)
+
+
+class SparseIndexer:
+    """Lightning indexer + top-k for one layer kind (target or MTP draft: same buffers helper)."""
+
+    def __init__(self, *, num_heads: int, topk: int, max_batched: int, max_width: int, compress_ratio: int = 1,
+                 dcp: DcpConfig = DcpConfig()):
+        self.dcp = dcp
+        self.plan = _ix.plan(_ix.Caps(num_heads=num_heads, topk=topk, compress_ratio=compress_ratio,
+                                      max_batched=max_batched, max_width=max_width, with_scores=dcp.world > 1,
+                                      logits_in_scratch=True))
+        self.dcp_plan = _dcp.plan(_dcp.DcpCaps(k=topk, world=dcp.world, interleave=dcp.interleave,
+                                               max_rows=max_batched)) if dcp.world > 1 else None
+
+    def scratch_bytes(self) -> int:
+        return max(self.plan.scratch_bytes(), self.dcp_plan.scratch_bytes() if self.dcp_plan else 0)
+
+    def topk(self, q_fp8, weights, kv_cache, block_table, seq_lens, *, scratch, out: _dcp.TopkBuffers,
+             width: int, max_len: Optional[torch.Tensor] = None) -> _dcp.TopkBuffers:
+        """Fill out.indices (and out.scores under DCP) for the first q_fp8.shape[0] rows."""
+        rows = q_fp8.shape[0]
+        if self.dcp.world > 1 and out.scores is None:
+            raise _ix.InputError("topk_scores_buffer: expected a scores buffer under DCP (make_topk_buffers), got None")
+        b = _ix.bind(self.plan, scratch=scratch, q=q_fp8, weights=weights, lengths=seq_lens, block_table=block_table,
+                     width=width, max_len=max_len, indices=out.indices[:rows],
+                     scores=out.scores[:rows] if self.plan.caps.with_scores else None)
+        _ix.run_index_topk(b, kv_cache=kv_cache)
+        return out
+
+    def dcp_global_topk(self, bufs: _dcp.TopkBuffers, rows: int, *, scratch: torch.Tensor,
+                        merged: _dcp.TopkBuffers) -> _dcp.TopkBuffers:
+        """Global merge (or convert-only) of this rank's local top-k; every rank calls it for every
+        chunk, empty ones included."""
+        d = self.dcp
+        if self.dcp_plan is None:
+            raise _ix.InputError("dcp_global_topk: expected a DcpConfig with world > 1")
+        args = dict(local_ids=bufs.indices[:rows], local_scores=None if bufs.scores is None else bufs.scores[:rows],
+                    out_ids=merged.indices[:rows], out_scores=None if merged.scores is None else merged.scores[:rows],
+                    rank=d.rank)
+        if d.global_topk:
+            _dcp.merge_topk(self.dcp_plan, scratch=scratch, group=d.group, **args)
+        else:
+            _dcp.convert_to_global(self.dcp_plan, **args)
+        return merged
+
+
+class SparseMLA:
+    """Sparse MLA decode for one layer kind; plans per batch bucket are made once."""
+
+    def __init__(self, *, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_batched: int = 256):
+        self.plan = _mla.plan(_mla.Caps(num_heads=num_heads, topk=topk, kv_format=kv_format, max_batched=max_batched))
+
+    def scratch_bytes(self) -> int:
+        return self.plan.scratch_bytes()
+
+    def decode(self, q, kv_cache, indices, lengths, *, out, scratch, sm_scale: float, lse=None, attn_sink=None):
+        b = self.plan.bind(scratch, q=q, indices=indices, lengths=lengths, out=out, lse=lse)
+        return _mla.run_decode(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink)
+
+
+def prewarm(*, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_batched: int = 256,
+            indexer: Optional[SparseIndexer] = None, dcp: DcpConfig = DcpConfig(),
+            scratch: Optional[torch.Tensor] = None) -> None:
+    """Prewarm sparse MLA decode (binding `scratch` per call) and, under DCP, the real merge path
+    with a barrier after each pass. Every rank must call it with the same arguments."""
+    prewarm_sparse_mla(num_heads=num_heads, kv_format=kv_format, topk=topk, max_batched=max_batched, scratch=scratch)
+    if indexer is not None and indexer.dcp_plan is not None:
+        ws = scratch if scratch is not None else torch.empty(indexer.scratch_bytes(), dtype=torch.uint8,
+                                                             device="cuda")
+        _dcp.prewarm_dcp_merge(indexer.dcp_plan, scratch=ws, rank=dcp.rank, max_batched=max_batched, group=dcp.group)

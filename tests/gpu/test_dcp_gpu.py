@@ -1,0 +1,129 @@
+"""DCP merge with the generated kernels on the GPU, against the CPU path of the same module."""
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from b12x import dcp
+from b12x.metadata import decode_active_width
+
+pytestmark = pytest.mark.gpu
+K = 2048
+
+
+@pytest.mark.parametrize("world,interleave,length", [(1, 1, 5000), (2, 1, 9000), (2, 16, 3000), (4, 16, 1000)])
+def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
+    rows = 5
+    full = torch.randperm(rows * length, generator=torch.Generator().manual_seed(world * 31 + interleave))
+    full = full.float().view(rows, length)  # one global row set, sharded consistently over the ranks
+    locals_ = [_local_from(full, world, r, interleave) for r in range(world)]
+    sends = []
+    for r, (ids, sc) in enumerate(locals_):
+        p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
+        s = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+        send = dcp._view(s, p, "send", (rows, 2 * K))
+        send[:, :K].copy_(dcp.local_to_global(ids, world=world, rank=r, interleave=interleave))
+        send[:, K:].view(torch.float32).copy_(sc.masked_fill(ids < 0, -math.inf))
+        sends.append(send.clone())
+
+    def fake_all_gather(out, inp, group=None):  # stands in for the collective on one GPU
+        out.copy_(torch.cat([x.reshape(-1) for x in sends]).to(out.device))
+
+    monkeypatch.setattr(dist, "all_gather_into_tensor", fake_all_gather)
+    p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    ids, sc = locals_[0]
+    out = torch.full((rows, K), 7, dtype=torch.int32, device="cuda")
+    out_s = torch.full((rows, K), float("nan"), device="cuda")
+    dcp.merge_topk(p, scratch=scratch, local_ids=ids.cuda(), local_scores=sc.cuda(), out_ids=out, out_scores=out_s,
+                   rank=0)
+    want = torch.topk(full, min(K, length), dim=-1).indices
+    for r in range(rows):
+        got = out[r].cpu()
+        assert set(got[got >= 0].tolist()) == set(want[r].tolist())
+        assert torch.all(got[min(K, length):] == -1)
+    assert torch.all(out_s[:, min(K, length):] == -math.inf)
+    # attention side on the GPU equals the CPU path
+    for r in range(world):
+        loc, lens = torch.empty_like(out), torch.empty(rows, dtype=torch.int32, device="cuda")
+        dcp.filter_local(p, global_ids=out, out_local=loc, lengths=lens, rank=r)
+        pc = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
+        loc_c, lens_c = torch.empty(rows, K, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
+        dcp.filter_local(pc, global_ids=out.cpu(), out_local=loc_c, lengths=lens_c, rank=r)
+        assert torch.equal(loc.cpu(), loc_c) and torch.equal(lens.cpu(), lens_c)
+
+
+def _local_from(full, world, rank, interleave):
+    rows, length = full.shape
+    gpos = torch.arange(length)
+    mine = dcp.owner_of(gpos, world=world, interleave=interleave) == rank
+    lp = dcp.global_to_local(gpos[mine], world=world, interleave=interleave)
+    ids = torch.full((rows, K), -1, dtype=torch.int32)
+    sc = torch.full((rows, K), -math.inf)
+    if mine.any():
+        shard = torch.full((rows, int(lp.max()) + 1), -math.inf)
+        shard[:, lp] = full[:, mine]
+        v, p = torch.topk(shard, min(K, shard.shape[1]), dim=-1)
+        ids[:, : v.shape[1]] = torch.where(v > -math.inf, p, -1).to(torch.int32)
+        sc[:, : v.shape[1]] = v
+    return ids, sc
+
+
+def test_no_host_sync_in_metadata_and_merge():
+    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=8))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    ids = torch.randint(0, 50000, (8, K), dtype=torch.int32, device="cuda")
+    sc = torch.randn(8, K, device="cuda")
+    out = torch.empty_like(ids)
+    width = torch.zeros(1, dtype=torch.int32, device="cuda")
+    shadow = torch.randint(1, 9000, (8,), dtype=torch.int32)
+    dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=sc, out_ids=out, rank=0)  # module loads
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        decode_active_width(width, max_seq_len=9000, compress_ratio=4, seq_lens_cpu=shadow)
+        decode_active_width(width, max_seq_len=9000, compress_ratio=4, seq_lens_cpu=None)
+        dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=sc, out_ids=out, rank=0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert int(width) == -(-9000 // 4)
+
+
+def _nccl_worker(rank, world, init, out_dir):
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        full = torch.randperm(4 * 20000, generator=torch.Generator().manual_seed(5)).float().view(4, 20000)
+        ids, sc = _local_from(full, world, rank, 16)
+        p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=16, max_rows=8))
+        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+        out = torch.empty(4, K, dtype=torch.int32, device="cuda")
+        dcp.merge_topk(p, scratch=scratch, local_ids=ids.cuda(), local_scores=sc.cuda(), out_ids=out, rank=rank)
+        torch.save(out.cpu(), os.path.join(out_dir, f"r{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nccl_merge_two_gpus():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_nccl_worker, args=(r, 2, os.path.join(d, "init"), d)) for r in range(2)]
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join(180)
+        assert all(pr.exitcode == 0 for pr in procs)
+        a, b = torch.load(os.path.join(d, "r0.pt")), torch.load(os.path.join(d, "r1.pt"))
+    assert torch.equal(a, b)
+    full = torch.randperm(4 * 20000, generator=torch.Generator().manual_seed(5)).float().view(4, 20000)
+    want = torch.topk(full, K, dim=-1).indices
+    for r in range(4):
+        assert set(a[r].tolist()) == set(want[r].tolist())
