@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import jinja2
+import jinja2.meta
 
 from . import GENERATED_DIR, REPO_ROOT, TEMPLATES_DIR
 from .specs import KernelSpec
@@ -37,10 +38,24 @@ def _hash_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def _template_closure(template: str) -> set[str]:
+    """The template and every template it includes or imports, transitively."""
+    env, seen, todo = _env(), set(), [template]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]
+        todo += [t for t in jinja2.meta.find_referenced_templates(env.parse(source)) if t]
+    return seen
+
+
 @lru_cache(maxsize=None)
 def template_hash(template: str) -> str:
-    """Hash of the template and the macro files it may include (everything under templates/)."""
-    return _hash_files([p for p in TEMPLATES_DIR.rglob("*.j2")] + [TEMPLATES_DIR / template])
+    """Hash of the template and of what it includes: editing one family's template leaves the
+    other families' artifact keys alone."""
+    return _hash_files([TEMPLATES_DIR / t for t in _template_closure(template)])
 
 
 @lru_cache(maxsize=1)

@@ -10,13 +10,22 @@ _Q_DIM = 576      # 512 latent (NoPE) + 64 RoPE
 _V_DIM = 512
 
 
-def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int) -> int:
-    q = head_block * _Q_DIM * 2
-    kv = stages * tile_tokens * _Q_DIM * 2
-    p = head_block * tile_tokens * 2
-    small = stages * tile_tokens * 4 + warps_n * head_block * 4
-    # big members are 1024-byte multiples; small ones are 16-byte aligned
-    return q + kv + p + small + 512
+_FP8_RECORD = 656  # fp8_ds_mla bytes per token
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int, raw_stages: int = 0) -> int:
+    q = _align(head_block * _Q_DIM * 2, 1024)
+    kv = _align(stages * tile_tokens * _Q_DIM * 2, 1024)
+    p = _align(head_block * tile_tokens * 2, 1024)
+    raw = _align(raw_stages * tile_tokens * _FP8_RECORD, 1024)
+    bias_slots = raw_stages + 1 if raw_stages else stages
+    small = bias_slots * tile_tokens * 4 + warps_n * head_block * 4
+    # big members are 1024-byte aligned; small ones are 16-byte aligned
+    return q + kv + p + raw + small + 512
 
 
 def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
@@ -26,7 +35,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
     tile_tokens: gathered tokens per pipeline stage (online-softmax step).
     warps_m:     head_block // 16 warps along heads.
     warps_n:     warps along tokens for S = Q K^T and along the 512 value dims for O = P V.
-    stages:      shared-memory KV buffers (2 = gather of tile t+1 overlaps math of tile t).
+    stages:      shared-memory bf16 K tiles (bf16 KV: 2, the gather of tile t+1 overlaps the
+                 math of tile t; fp8 KV: 1, the raw records are what is double/triple buffered).
+    raw_stages:  fp8 KV only: tiles of raw 656-byte records in flight (cp.async into smem,
+                 dequantised smem -> smem right before their math). 0 for bf16 KV.
+    ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
     combine_heads: heads merged per CTA in the combine kernel (one warp per head).
     """
     if num_heads not in (16, 32, 64, 128):
@@ -36,25 +49,36 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
     if arch not in _SMEM_LIMIT:
         raise ValueError(f"unsupported arch {arch!r}")
 
+    fp8 = kv_format == "fp8_ds_mla"
     if arch == "sm_90a":
-        # 227 KB of smem: Q for up to 64 heads plus two 64-token bf16 KV tiles.
+        # 227 KB of smem: Q for up to 64 heads plus the KV tiles.
         head_block = min(num_heads, 64)
         tile_tokens = 64
-        stages = 2
         warps_m = head_block // 16
         # O accumulators per thread = 16 * (512 / warps_n) / 32: 128 registers at warps_n = 2
         # (64-head blocks, 8 warps), 64 at warps_n = 4 (16 or 32 heads: 4 or 8 warps).
         warps_n = 2 if warps_m == 4 else 4
+        # fp8: one bf16 K tile; raw tiles in flight: 1 beside 64-head Q (197 KB), 2 beside
+        # 32-head Q (199 KB), 3 beside 16-head Q (221 KB).
+        stages = 1 if fp8 else 2
+        raw_stages = {64: 1, 32: 2, 16: 3}[head_block] if fp8 else 0
+        if fp8 and head_block == 16:
+            # 16 heads: the dequant and the MMAs of a 4-warp CTA are latency-bound (one warp per
+            # scheduler). 32-token tiles with two raw stages fit 97 KB, so two CTAs share an SM.
+            tile_tokens = 32
+            raw_stages = 2
     else:
-        # sm_120a: 99 KB of smem. A 16-head block with two 32-token tiles fits.
+        # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
         head_block = 16
         tile_tokens = 32
-        stages = 2
         warps_m = 1
         warps_n = 4
+        stages = 1 if fp8 else 2
+        raw_stages = 2 if fp8 else 0
 
-    smem = _smem_bytes(head_block, tile_tokens, stages, warps_n)
+    smem = _smem_bytes(head_block, tile_tokens, stages, warps_n, raw_stages)
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
+    ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     return {
         "head_block": head_block,
         "tile_tokens": tile_tokens,
@@ -62,6 +86,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
         "warps_n": warps_n,
         "num_threads": 32 * warps_m * warps_n,
         "stages": stages,
+        "raw_stages": raw_stages,
+        "ctas_per_sm": ctas_per_sm,
         "combine_heads": 4,
         "smem_bytes_estimate": smem,
     }

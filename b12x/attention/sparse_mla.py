@@ -64,13 +64,27 @@ class ScratchRegion:
         return self.numel * self.dtype.itemsize
 
 
-def split_plan(rows: int, width: int, num_sms: int, head_blocks: int) -> tuple[int, int]:
-    """(num_splits, tokens_per_split): enough CTAs to cover every SM once, in 64-token tiles."""
+def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
+    """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
+
+        waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
+
+    waves counts rounds of rows * head_blocks * s CTAs over num_sms * ctas_per_sm slots (a CTA
+    past the last full wave costs a whole extra round); the 1 is a CTA's fixed cost (Q load,
+    first gather, epilogue); the last term is the combine's traffic in partials. Ties go to
+    fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
-    splits = max(1, min(tiles, -(-num_sms // ctas)))
-    tiles_per_split = -(-tiles // splits)
-    return -(-tiles // tiles_per_split), tiles_per_split * PAGE
+    slots = max(1, num_sms * ctas_per_sm)
+    best = None
+    for s in range(1, tiles + 1):
+        tps = -(-tiles // s)
+        if -(-tiles // tps) != s:
+            continue  # same tiles per split as a smaller s: no new plan
+        cost = -(-(ctas * s) // slots) * (1 + tps) + 0.01 * ctas * s
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, s, tps)
+    return best[1], best[2] * PAGE
 
 
 @dataclass
@@ -79,6 +93,7 @@ class SparseMLAPlan:
     spec: SparseMLASpec
     num_sms: int
     head_block: int
+    ctas_per_sm: int = 1
     regions: dict = field(default_factory=dict)
 
     @property
@@ -90,7 +105,7 @@ class SparseMLAPlan:
         return registry.resolve(self.spec)
 
     def splits(self, rows: int, width: int) -> tuple[int, int]:
-        return split_plan(rows, width, self.num_sms, self.head_blocks)
+        return split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
 
     def scratch_specs(self) -> list[ScratchRegion]:
         return list(self.regions.values())
@@ -109,8 +124,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
     require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
             f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
     sms = caps.num_sms or device_num_sms()
-    head_block = int(decode_tiling(caps.num_heads, caps.kv_format, arch)["head_block"])
-    p = SparseMLAPlan(caps, spec, sms, head_block)
+    tile = decode_tiling(caps.num_heads, caps.kv_format, arch)
+    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]))
     h, rows = caps.num_heads, caps.max_batched
     # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
     partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
