@@ -31,15 +31,16 @@ class PrewarmKey:
     kv_format: str
     arch: str
 
-    def caps(self) -> sparse_mla.Caps:
+    def caps(self, mode: str = "decode") -> sparse_mla.Caps:
         return sparse_mla.Caps(num_heads=self.num_heads, topk=self.topk, kv_format=self.kv_format,
-                               max_batched=self.max_batched, q_head_dim=self.q_head_dim,
+                               max_batched=self.max_batched, mode=mode, q_head_dim=self.q_head_dim,
                                kv_lora_rank=self.kv_lora_rank, arch=self.arch)
 
     def specs(self) -> list[KernelSpec]:
-        """Every artifact the bundle needs. One decode artifact serves all row counts and split
-        plans up to max_batched: splits are launch arguments, not compile-time constants."""
-        return [self.caps().spec(self.arch)]
+        """Every artifact the bundle needs: decode (split + combine) and extend. Each serves all
+        row counts and split plans up to max_batched: those are launch arguments, not
+        compile-time constants, so `sparse_mla.route` can pick either at any row count."""
+        return [self.caps(m).spec(self.arch) for m in sparse_mla.MODES]
 
 
 def prewarmed_keys() -> set[PrewarmKey]:
@@ -73,13 +74,18 @@ def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: i
     for spec in key.specs():
         registry.resolve(spec)
     with torch.cuda.device(device):
-        p = sparse_mla.plan(key.caps())
+        plans = {m: sparse_mla.plan(key.caps(m)) for m in sparse_mla.MODES}
+        need = max(p.scratch_bytes() for p in plans.values())
         if scratch is None:
-            scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device=device)
-        for rows in sorted({1, max_batched}):
-            q, idx, lengths, kv = _warm_inputs(p, rows, device)
-            b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
-            sparse_mla.run_decode(b, kv_cache=kv, sm_scale=q_head_dim ** -0.5)
+            scratch = torch.empty(need, dtype=torch.uint8, device=device)
+        run = {"decode": sparse_mla.run_decode, "extend": sparse_mla.run_extend}
+        for mode, p in plans.items():
+            # decode's split plans change with rows, extend's grid does: warm the row counts an
+            # engine's graphs use, binding the caller's scratch for every call
+            for rows in sorted({1, 2, 4, max_batched}):
+                q, idx, lengths, kv = _warm_inputs(p, rows, device)
+                b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
+                run[mode](b, kv_cache=kv, sm_scale=q_head_dim ** -0.5)
         torch.cuda.synchronize(device)
     with _lock:
         _done.add(key)

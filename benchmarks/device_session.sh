@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|dcp|indexer|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -16,6 +16,9 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sparse_mla_decode.py --json "$OUT/decode.json" ${BENCH_ARGS:-} > "$OUT/bench-decode.log" 2>&1 || rc=1
 fi
+if [ "$what" = extend ] || [ "$what" = all ]; then
+  python3 benchmarks/bench_sparse_mla_extend.py --json "$OUT/extend.json" > "$OUT/bench-extend.log" 2>&1 || rc=1
+fi
 if [ "$what" = dcp ] || [ "$what" = all ]; then
   python3 benchmarks/bench_dcp.py --json "$OUT/dcp.json" > "$OUT/bench-dcp.log" 2>&1 || rc=1
 fi
@@ -26,6 +29,7 @@ echo "== gpu"; cat "$OUT/gpu.txt"
 echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
 [ -f "$OUT/bench-decode.log" ] && { echo "== decode bench"; tail -30 "$OUT/bench-decode.log"; }
+[ -f "$OUT/bench-extend.log" ] && { echo "== extend bench"; tail -12 "$OUT/bench-extend.log"; }
 [ -f "$OUT/bench-dcp.log" ] && { echo "== dcp bench"; tail -8 "$OUT/bench-dcp.log"; }
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }
 exit $rc

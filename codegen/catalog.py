@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .indexer_specs import INDEXER_HEADS, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
-from .specs import KV_FORMATS, SPARSE_MLA_HEADS, DcpSpec, KernelSpec, SparseMLASpec
+from .specs import KV_FORMATS, SPARSE_MLA_HEADS, SPARSE_MLA_MODES, DcpSpec, KernelSpec, SparseMLASpec
 from .toolchain import SUPPORTED_ARCHS
 
 DEFAULT_PRESET = "deepseek-v3.2-tp8"
@@ -22,8 +22,9 @@ class ModelConfig:
     topk: int = 2048
 
     def specs(self, arch: str) -> list[KernelSpec]:
-        return [SparseMLASpec(num_heads=self.num_heads, kv_format=self.kv_format, topk=self.topk,
-                              mode="decode", arch=arch)]
+        """Decode and extend: an engine's prewarm bundle routes between them by rows per request."""
+        return [SparseMLASpec(num_heads=self.num_heads, kv_format=self.kv_format, topk=self.topk, mode=m, arch=arch)
+                for m in SPARSE_MLA_MODES]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ PRESETS: dict[str, Preset] = {
         *_tp_presets("deepseek-v3.2", 128, (1, 2, 4, 8), "DeepSeek-V3.2"),
         *_tp_presets("glm-5", 64, (1, 2, 4), "GLM-5 style (64 heads)"),
         Preset("deepseek-v3.2-tp8-bf16", "DeepSeek-V3.2 at TP8 with a bf16 latent cache", (ModelConfig(16, "bf16"),)),
-        Preset("sparse-mla-decode-all", "every head count and KV format of sparse MLA decode (tests, benchmarks)",
+        Preset("sparse-mla-all", "every head count and KV format of sparse MLA decode and extend (tests, benchmarks)",
                tuple(ModelConfig(h, f) for f in KV_FORMATS for h in SPARSE_MLA_HEADS)),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),

@@ -64,7 +64,7 @@ def register_family(cls: type[KernelSpec]) -> type[KernelSpec]:
 
 SPARSE_MLA_HEADS = (16, 32, 64, 128)
 KV_FORMATS = ("fp8_ds_mla", "bf16")
-SPARSE_MLA_MODES = ("decode",)
+SPARSE_MLA_MODES = ("decode", "extend")
 
 
 @register_family
@@ -117,6 +117,7 @@ class SparseMLASpec(KernelSpec):
             "kv_format": self.kv_format,
             "topk": self.topk,
             "arch": self.arch,
+            "mode": self.mode,
             "tile": decode_tiling(self.num_heads, self.kv_format, self.arch),
         }
 

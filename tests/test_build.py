@@ -1,5 +1,5 @@
 """Ahead-of-time build with no GPU: the decode family for sm_90a and sm_120a (a representative
-subset; `b12x-codegen build --preset sparse-mla-decode-all --arch sm_90a,sm_120a` builds all)."""
+subset; `b12x-codegen build --preset sparse-mla-all --arch sm_90a,sm_120a` builds all)."""
 import subprocess
 
 import pytest

@@ -100,3 +100,20 @@ def test_split_plan_fills_the_gpu_and_scratch_covers_every_row_count(plan):
     assert sm.split_plan(512, 2048, 132, 2) == (1, 2048)   # many rows: no split
     need = max(r * plan.splits(r, 256)[0] for r in range(1, 9)) * H * 512 * 4
     assert plan.regions["partial_o"].nbytes == need
+
+
+def test_extend_plan_and_routing():
+    p = sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8192, mode="extend", arch="sm_90a", num_sms=132))
+    assert set(p.regions) == {"out", "lse", "num_rows"}  # no per-split partials: extend writes out directly
+    assert p.scratch_bytes() < 8192 * H * 512 * 2 + 8192 * H * 4 + 1024
+    b = sm.bind(p, scratch=torch.empty(p.scratch_bytes(), dtype=torch.uint8), **_inputs())
+    assert int(b.num_rows) == ROWS
+    with pytest.raises(InputError, match="plan: expected a Caps\\(mode='decode'\\) plan for run_decode, got mode='extend'"):
+        sm.run_decode(b, kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8), sm_scale=0.1)
+    with pytest.raises(InputError, match="num_rows: only extend plans"):
+        dec = sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8, arch="sm_90a", num_sms=132))
+        sm.bind(dec, scratch=torch.empty(dec.scratch_bytes(), dtype=torch.uint8), **_inputs(),
+                num_rows=torch.ones(1, dtype=torch.int32))
+    assert sm.route(64, 1, num_heads=128, num_sms=132) == "decode"
+    assert sm.route(4096, 4, num_heads=16, num_sms=132) == "extend"
+    assert sm.route(8, 3, num_heads=16, num_sms=132) == "decode"  # too few rows to fill the GPU

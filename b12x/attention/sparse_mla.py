@@ -31,6 +31,7 @@ from ..validate import check_tensor, require
 Q_DIM = 576
 LOG2E = 1.0 / math.log(2.0)
 _ALIGN = 256
+MODES = ("decode", "extend")
 _KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
 
 
@@ -42,6 +43,7 @@ class Caps:
     topk: int = 2048
     kv_format: str = "fp8_ds_mla"
     max_batched: int = 256  # most query rows per call
+    mode: str = "decode"    # "decode": split over the top-k + combine; "extend": one CTA per row
     q_head_dim: int = 576
     kv_lora_rank: int = 512
     arch: Optional[str] = None    # None: the current CUDA device's
@@ -49,7 +51,7 @@ class Caps:
 
     def spec(self, arch: str) -> SparseMLASpec:
         return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, num_heads=self.num_heads,
-                             topk=self.topk, kv_format=self.kv_format, mode="decode", arch=arch)
+                             topk=self.topk, kv_format=self.kv_format, mode=self.mode, arch=arch)
 
 
 @dataclass(frozen=True)
@@ -127,13 +129,16 @@ def plan(caps: Caps) -> SparseMLAPlan:
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch)
     p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]))
     h, rows = caps.num_heads, caps.max_batched
-    # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
-    partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
+    layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
+    if caps.mode == "decode":
+        # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
+        partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
+        layout = [("partial_o", torch.float32, partial_rows * h * NOPE),
+                  ("partial_lse", torch.float32, partial_rows * h)] + layout
+    else:
+        layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     offset = 0
-    for name, dtype, numel in (("partial_o", torch.float32, partial_rows * h * NOPE),
-                               ("partial_lse", torch.float32, partial_rows * h),
-                               ("out", torch.bfloat16, rows * h * NOPE),
-                               ("lse", torch.float32, rows * h)):
+    for name, dtype, numel in layout:
         region = ScratchRegion(name, dtype, numel, offset)
         p.regions[name] = region
         offset = -(-(offset + region.nbytes) // _ALIGN) * _ALIGN
@@ -148,9 +153,10 @@ class Binding:
     lengths: torch.Tensor
     out: torch.Tensor
     lse: torch.Tensor
-    partial_o: torch.Tensor
-    partial_lse: torch.Tensor
+    partial_o: Optional[torch.Tensor]     # decode only
+    partial_lse: Optional[torch.Tensor]   # decode only
     tokens_per_split: int
+    num_rows: Optional[torch.Tensor] = None  # extend: [1] int32 live rows (capacity-sized grid)
 
 
 def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> torch.Tensor:
@@ -159,11 +165,14 @@ def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> 
 
 
 def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor,
-         lengths: torch.Tensor, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> Binding:
+         lengths: torch.Tensor, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+         num_rows: torch.Tensor | None = None) -> Binding:
     """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
     out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
-    the scratch, valid until the next run on that scratch."""
+    the scratch, valid until the next run on that scratch.
+    Extend only: num_rows, a [1] int32 device tensor, makes rows a capacity: the grid covers
+    q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count)."""
     caps = plan.caps
     h = caps.num_heads
     check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, Q_DIM), contiguous=True)
@@ -184,6 +193,13 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
     if lse is None:
         lse = _region(scratch, plan.regions["lse"], (rows, h))
     check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
+    if caps.mode == "extend":
+        if num_rows is None:
+            num_rows = _region(scratch, plan.regions["num_rows"], (1,))
+            num_rows.fill_(rows)  # a device-side fill: no host sync, and graph-capturable
+        check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
+        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows)
+    require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     splits, tps = plan.splits(rows, width)
     return Binding(plan, q, indices, lengths, out, lse,
                    _region(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
@@ -202,17 +218,49 @@ def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device)
             f"got {kv_cache.stride(0)} elements")
 
 
-def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
-               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch split + combine on the current stream. Returns (out, lse); allocates nothing."""
+def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: float,
+               attn_sink: torch.Tensor | None, lse_base: str) -> None:
     p = binding.plan
     q = binding.q
+    require(p.caps.mode == mode, f"plan: expected a Caps(mode={mode!r}) plan for run_{mode}, got mode={p.caps.mode!r}")
     check_kv_cache(kv_cache, p.caps.kv_format, q.device)
     require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(p.caps.num_heads,), contiguous=True,
                      device=q.device)
+
+
+def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
+               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """Many query rows (prefill chunks, MTP verify / draft extend), each with its own indices:
+    one launch, one CTA per (row, head block), out and lse written directly. Allocates nothing."""
+    _check_run(binding, "extend", kv_cache, sm_scale, attn_sink, lse_base)
+    if binding.q.shape[0] == 0:
+        return binding.out, binding.lse
+    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
+    binding.plan.kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
+                                   sink, binding.num_rows, float(sm_scale) * LOG2E, int(attn_sink is not None),
+                                   int(lse_base == "e"))
+    return binding.out, binding.lse
+
+
+def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:
+    """Which kernel family suits a call: "decode" (split over the top-k + combine) or "extend"
+    (one CTA per row). One row per request is decode; several rows per request (MTP verify,
+    prefill) are extend, unless rows x head blocks cannot cover the SMs once, where decode's
+    splits keep the GPU busy. Both compute the same function."""
+    if rows_per_request <= 1:
+        return "decode"
+    return "extend" if rows * -(-num_heads // head_block) >= num_sms else "decode"
+
+
+def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
+               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch split + combine on the current stream. Returns (out, lse); allocates nothing."""
+    _check_run(binding, "decode", kv_cache, sm_scale, attn_sink, lse_base)
+    p = binding.plan
+    q = binding.q
     if q.shape[0] == 0:
         return binding.out, binding.lse
     k = p.kernels

@@ -1,11 +1,13 @@
 """Random sparse-MLA problems shared by the GPU tests and the benchmarks."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from b12x.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+from b12x.attention import sparse_mla as sm
+from b12x.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla, sparse_mla_reference
 
 
 @dataclass
@@ -46,3 +48,48 @@ def random_case(rows: int, heads: int, width: int, kv_format: str, *, blocks: in
     idx[torch.rand(rows, width, device=device, generator=g) < invalid_frac] = -1
     lengths = torch.randint(width // 2, width + 1, (rows,), device=device, generator=g, dtype=torch.int32)
     return Case(q, kv, ref, idx, lengths)
+
+
+def reference(case: Case, sink=None, chunk: int = 128):
+    """The torch reference in row chunks (a [rows, width, 576] gather of 8192 rows would not fit)."""
+    outs, lses = [], []
+    for r0 in range(0, case.q.shape[0], chunk):
+        o, l = sparse_mla_reference(case.q[r0:r0 + chunk], case.kv_ref, case.indices[r0:r0 + chunk],
+                                    case.lengths[r0:r0 + chunk], case.sm_scale, sink)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def run_ours(case: Case, kv_format: str, *, sink=None, lse_base="e", topk=2048, max_batched=None, mode="decode",
+             num_rows=None):
+    rows, heads = case.q.shape[:2]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format=kv_format, max_batched=max_batched or max(rows, 1),
+                        mode=mode))
+    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
+    out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda")
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse,
+                num_rows=num_rows)
+    run = sm.run_extend if mode == "extend" else sm.run_decode
+    run(b, kv_cache=case.kv, sm_scale=case.sm_scale, attn_sink=sink, lse_base=lse_base)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def check(case: Case, out, lse, *, sink=None, lse_base="e"):
+    ref, ref_lse = reference(case, sink)
+    assert not out.isnan().any(), "out has unwritten (NaN) elements"
+    assert not lse.isnan().any(), "lse has unwritten (NaN) elements"
+    o = out.float()
+    rel = ((o - ref).norm() / ref.norm().clamp(min=1e-6)).item()
+    assert rel < 1e-2, f"relative error {rel:.2e}"
+    torch.testing.assert_close(o, ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    want = ref_lse if lse_base == "e" else ref_lse / math.log(2.0)
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(lse), fin), "lse is -inf exactly where the reference is"
+    assert torch.all(lse[~fin] == -math.inf)
+    torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
+    return rel
+
+

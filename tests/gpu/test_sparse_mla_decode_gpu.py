@@ -1,6 +1,6 @@
 """Sparse MLA decode on the GPU against the torch reference, from artifacts built ahead of time.
 
-Run on a GPU box after `b12x-codegen build --preset sparse-mla-decode-all` (B12X_CACHE_DIR set to
+Run on a GPU box after `b12x-codegen build --preset sparse-mla-all` (B12X_CACHE_DIR set to
 the same cache)."""
 import math
 
@@ -8,42 +8,13 @@ import pytest
 import torch
 
 from b12x.attention import sparse_mla as sm
-from b12x.reference import sparse_mla_reference
 
-from .sparse_mla_cases import Case, random_case
+from .sparse_mla_cases import Case, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
 HEADS = (16, 32, 64, 128)
 FORMATS = ("fp8_ds_mla", "bf16")
-
-
-def run_ours(case: Case, kv_format: str, *, sink=None, lse_base="e", topk=2048, max_batched=None):
-    rows, heads = case.q.shape[:2]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format=kv_format, max_batched=max_batched or max(rows, 1)))
-    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
-    out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda")
-    b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse)
-    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale, attn_sink=sink, lse_base=lse_base)
-    torch.cuda.synchronize()
-    return out, lse
-
-
-def check(case: Case, out, lse, *, sink=None, lse_base="e"):
-    ref, ref_lse = sparse_mla_reference(case.q, case.kv_ref, case.indices, case.lengths, case.sm_scale, sink)
-    assert not out.isnan().any(), "out has unwritten (NaN) elements"
-    assert not lse.isnan().any(), "lse has unwritten (NaN) elements"
-    o = out.float()
-    rel = ((o - ref).norm() / ref.norm().clamp(min=1e-6)).item()
-    assert rel < 1e-2, f"relative error {rel:.2e}"
-    torch.testing.assert_close(o, ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
-    want = ref_lse if lse_base == "e" else ref_lse / math.log(2.0)
-    fin = torch.isfinite(want)
-    assert torch.equal(torch.isfinite(lse), fin), "lse is -inf exactly where the reference is"
-    assert torch.all(lse[~fin] == -math.inf)
-    torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
-    return rel
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)

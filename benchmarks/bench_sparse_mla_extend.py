@@ -1,0 +1,96 @@
+"""Sparse MLA extend (prefill chunks): b12x vs FlashMLA's SM90 sparse prefill, side by side.
+
+    python benchmarks/bench_sparse_mla_extend.py [--json out.json]
+
+Grid: s_q {512, 4096} x heads {16, 32, 64, 128} x top-k 2048. FlashMLA's `flash_mla_sparse_fwd`
+runs bf16 KV with 64 or 128 heads only: at h=16/32 it runs q zero-padded to 64 heads. FlashMLA
+has no fp8-KV prefill on SM90, so our fp8 column is reported against the roofline alone.
+Cache: 131072 tokens (151 MB bf16), random indices per row. Timing: CUDA-graph replays of two
+rotated input sets, median."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from b12x.attention import sparse_mla as sm  # noqa: E402
+from benchmarks.bench_sparse_mla_decode import make_pool  # noqa: E402
+from benchmarks.peers import flashmla  # noqa: E402
+from benchmarks.timing import BF16_FLOP_PER_S, roofline_us, time_rotated  # noqa: E402
+
+TOPK = 2048
+SETS = 2
+RECORD = {"fp8_ds_mla": 656, "bf16": 1152}
+
+
+def bench_ours(sets, heads, kv_format, pool):
+    rows = sets[0][0].shape[0]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_batched=rows, mode="extend"))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    calls = []
+    for q, idx, lengths in sets:
+        out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
+        b = sm.bind(p, scratch=scratch, q=q, indices=idx, lengths=lengths, out=out)
+        calls.append(lambda b=b: sm.run_extend(b, kv_cache=pool, sm_scale=576 ** -0.5))
+    return time_rotated(calls, replays=10)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--blocks", type=int, default=2048)
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pools = {f: make_pool(f, args.blocks, g) for f in RECORD}
+    print(f"device: {torch.cuda.get_device_name()}  flashmla: {flashmla.unavailable_reason() or 'available'}")
+    rows_out = []
+    for s_q in (512, 4096):
+        for heads in (16, 32, 64, 128):
+            slots = args.blocks * 64
+            sets = [(torch.randn(s_q, heads, 576, device="cuda", generator=g).bfloat16(),
+                     torch.randint(0, slots, (s_q, TOPK), device="cuda", generator=g, dtype=torch.int32),
+                     torch.full((s_q,), TOPK, device="cuda", dtype=torch.int32)) for _ in range(SETS)]
+            flops = 2.0 * s_q * heads * TOPK * (576 + 512)
+            r = {"s_q": s_q, "heads": heads, "topk": TOPK}
+            r["ours_bf16_us"] = bench_ours(sets, heads, "bf16", pools["bf16"])
+            r["ours_fp8_us"] = bench_ours(sets, heads, "fp8_ds_mla", pools["fp8_ds_mla"])
+            r["peer_bf16_us"] = None
+            if flashmla.available():
+                flat = pools["bf16"].view(-1, 576)
+                r["peer_bf16_us"] = time_rotated([flashmla.prefill_bf16(q, flat, idx, 576 ** -0.5)
+                                                  for q, idx, _ in sets], replays=10)
+            for tag in ("bf16", "fp8"):
+                fmt = "bf16" if tag == "bf16" else "fp8_ds_mla"
+                nbytes = s_q * (TOPK * (RECORD[fmt] + 4) + heads * (576 + 512) * 2)
+                r[f"{tag}_tflops"] = flops / r[f"ours_{tag}_us"] / 1e6
+                r[f"{tag}_roofline_share"] = roofline_us(flops, nbytes) / r[f"ours_{tag}_us"]
+            r["peer_tflops"] = flops / r["peer_bf16_us"] / 1e6 if r["peer_bf16_us"] else None
+            r["ratio_bf16"] = r["ours_bf16_us"] / r["peer_bf16_us"] if r["peer_bf16_us"] else None
+            rows_out.append(r)
+            print(json.dumps(r), flush=True)
+    print(f"\nsparse MLA extend, top-k {TOPK}, bf16 roofline {BF16_FLOP_PER_S / 1e12:.0f} TFLOP/s")
+    hdr = (f"{'s_q':>5} {'H':>4} | {'ours bf16 us':>12} {'FlashMLA us':>11} {'ours/peer':>9} {'TFLOP/s':>7} "
+           f"{'peer TF/s':>9} | {'ours fp8 us':>11} {'TFLOP/s':>7} {'%roof':>5}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows_out:
+        peer = f"{r['peer_bf16_us']:11.1f}" if r["peer_bf16_us"] else f"{'n/a':>11}"
+        ratio = f"{r['ratio_bf16']:9.2f}" if r["ratio_bf16"] else f"{'n/a':>9}"
+        ptf = f"{r['peer_tflops']:9.1f}" if r["peer_tflops"] else f"{'n/a':>9}"
+        print(f"{r['s_q']:>5} {r['heads']:>4} | {r['ours_bf16_us']:12.1f} {peer} {ratio} {r['bf16_tflops']:7.1f} {ptf} | "
+              f"{r['ours_fp8_us']:11.1f} {r['fp8_tflops']:7.1f} {100 * r['fp8_roofline_share']:5.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                       "commit": os.environ.get("B12X_COMMIT", "unknown"), "rows": rows_out}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Sparse MLA extend (prefill chunks, MTP verify): many query rows, each with its own indices."""
+import math
+
+import pytest
+import torch
+
+from b12x.attention import sparse_mla as sm
+
+from .sparse_mla_cases import Case, check, random_case, run_ours
+
+pytestmark = pytest.mark.gpu
+
+HEADS = (16, 32, 64, 128)
+FORMATS = ("fp8_ds_mla", "bf16")
+
+
+def _slice(case: Case, n: int) -> Case:
+    return Case(case.q[:n], case.kv, case.kv_ref, case.indices[:n], case.lengths[:n], case.sm_scale)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("width", (512, 1024, 2048))
+def test_matches_reference(kv_format, heads, width):
+    case = random_case(37, heads, width, kv_format, seed=heads + width, blocks=128)
+    out, lse = run_ours(case, kv_format, mode="extend")
+    check(case, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("rows", (1, 8192))
+def test_row_counts(kv_format, rows):
+    case = random_case(rows, 16, 512, kv_format, seed=rows, blocks=512)
+    out, lse = run_ours(case, kv_format, mode="extend")
+    check(case, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", (16, 128))
+def test_edge_cases_sink_and_base2(kv_format, heads):
+    case = random_case(6, heads, 512, kv_format, seed=3, invalid_frac=0.3)
+    case.lengths[1] = 0
+    case.indices[2] = -1
+    case.indices[3, :100] = case.indices[3, 0].clamp(min=0)
+    case.lengths[4] = 4096
+    case.lengths[5] = 1
+    sink = torch.randn(heads, device="cuda")
+    out, lse = run_ours(case, kv_format, mode="extend", sink=sink, lse_base="2")
+    check(case, out, lse, sink=sink, lse_base="2")
+    assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_page_strided_and_beyond_2gib(kv_format):
+    case = random_case(9, 64, 1024, kv_format, seed=5, page_stride_pad=4096)
+    out, lse = run_ours(case, kv_format, mode="extend")
+    check(case, out, lse)
+    rec = 656 if kv_format == "fp8_ds_mla" else 1152
+    blocks = (2**31) // (64 * rec) + 2048
+    small = random_case(5, 32, 512, kv_format, blocks=256, seed=9)
+    big = torch.empty((blocks,) + tuple(small.kv.shape[1:]), dtype=small.kv.dtype, device="cuda")
+    big[-256:] = small.kv
+    far = torch.where(small.indices >= 0, small.indices + (blocks - 256) * 64, small.indices)
+    out, lse = run_ours(Case(small.q, big, small.kv_ref, far, small.lengths), kv_format, mode="extend")
+    check(small, out, lse)
+
+
+def test_mtp_verify_goes_through_extend():
+    """B requests x next_n = 3 verify rows, each row with its own top-k indices and length."""
+    reqs, next_n, heads = 8, 3, 16
+    case = random_case(reqs * next_n, heads, 2048, "fp8_ds_mla", seed=17, blocks=256)
+    case.lengths.copy_(torch.tensor([1000 + 3 * r + i for r in range(reqs) for i in range(next_n)],
+                                    dtype=torch.int32).clamp(max=2048))
+    assert sm.route(reqs * next_n, next_n, num_heads=heads, num_sms=16) == "extend"
+    out, lse = run_ours(case, "fp8_ds_mla", mode="extend")
+    check(case, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_capacity_grid_graph_capture_without_allocation(kv_format):
+    cap, heads = 64, 32
+    case = random_case(cap, heads, 1024, kv_format, seed=23)
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_batched=cap, mode="extend"))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    out = torch.full((cap, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((cap, heads), float("nan"), device="cuda")
+    live = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse,
+                num_rows=live)
+    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # lazy load before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    with torch.cuda.graph(graph):
+        sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_extend allocated"
+    # replay with fewer live rows: rows past the count are left alone
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    live.fill_(20)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(_slice(case, 20), out[:20], lse[:20])
+    assert out[20:].isnan().all() and lse[20:].isnan().all()
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_determinism(kv_format):
+    case = random_case(64, 128, 2048, kv_format, seed=31)
+    a = run_ours(case, kv_format, mode="extend")
+    b = run_ours(case, kv_format, mode="extend")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_extend_matches_decode():
+    case = random_case(24, 64, 2048, "fp8_ds_mla", seed=41)
+    d = run_ours(case, "fp8_ds_mla", mode="decode")
+    e = run_ours(case, "fp8_ds_mla", mode="extend")
+    torch.testing.assert_close(d[0].float(), e[0].float(), atol=2e-2, rtol=2e-2)
