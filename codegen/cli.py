@@ -1,4 +1,4 @@
-"""b12x-codegen: list | emit [--check] | build --preset P | prewarm --preset P | verify."""
+"""b12x-codegen: list | emit [--check] | build --preset P | prewarm --preset P | verify | prune."""
 from __future__ import annotations
 
 import argparse
@@ -120,6 +120,26 @@ def cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_prune(args) -> int:
+    """Delete cache entries that no catalog spec of the current templates maps to."""
+    import shutil
+
+    from b12x.artifact_cache import artifact_key
+
+    from .catalog import all_catalog_specs
+
+    cache = ArtifactCache()
+    cache.ensure_root()
+    live = {artifact_key(s) for s in all_catalog_specs()}
+    removed = 0
+    for _, key, d in list(cache.entries()):
+        if key not in live:
+            shutil.rmtree(d)
+            removed += 1
+    print(f"pruned {removed} stale artifacts from {cache.root}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="b12x-codegen", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -137,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             b.add_argument("--max-batched", type=int, default=256)
         b.set_defaults(fn=fn)
     sub.add_parser("verify", help="check every cached artifact against its manifest").set_defaults(fn=cmd_verify)
+    sub.add_parser("prune", help="delete artifacts that no current catalog spec maps to").set_defaults(fn=cmd_prune)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -89,17 +89,21 @@ def test_capacity_grid_graph_capture_without_allocation(kv_format):
                 num_rows=live)
     sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # lazy load before capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_extend allocated"
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_extend allocated"
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
     # replay with fewer live rows: rows past the count are left alone
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
     live.fill_(20)
     graph.replay()
     torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
     check(_slice(case, 20), out[:20], lse[:20])
     assert out[20:].isnan().all() and lse[20:].isnan().all()
 
