@@ -34,10 +34,33 @@ def plot_decode(data: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_extend(data: dict, path: str) -> None:
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, s_q in zip(axes, sorted({r["s_q"] for r in rows})):
+        rs = sorted((r for r in rows if r["s_q"] == s_q), key=lambda r: r["heads"])
+        h = [r["heads"] for r in rs]
+        ax.plot(h, [r["bf16_tflops"] for r in rs], "o-", label="b12x bf16 KV")
+        ax.plot(h, [r["fp8_tflops"] for r in rs], "^:", label="b12x fp8 KV")
+        if any(r["peer_tflops"] for r in rs):
+            ax.plot(h, [r["peer_tflops"] or float("nan") for r in rs], "s--",
+                    label="FlashMLA bf16 (h<64: padded to 64; useful FLOPs)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"s_q={s_q}, top-k 2048")
+        ax.set_xlabel("heads")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (useful)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"sparse MLA extend on {data['device']} ({data['date']}, {data['commit'][:10]})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=("decode", "extend"))
     ap.add_argument("json")
     ap.add_argument("png")
     a = ap.parse_args()
     with open(a.json) as f:
-        plot_decode(json.load(f), a.png)
+        {"decode": plot_decode, "extend": plot_extend}[a.kind](json.load(f), a.png)
