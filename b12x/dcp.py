@@ -29,12 +29,12 @@ import torch.distributed as dist
 from codegen.specs import DcpSpec
 
 from . import indexer, registry
+from . import scratch as _scratch
 from .device import device_arch
 from .errors import InputError
 from .validate import check_tensor, require
 
 ALLOWED_K = tuple(range(128, 2049, 128))
-_ALIGN = 256
 
 
 # -- positions (torch, any device) -----------------------------------------------------------
@@ -51,6 +51,25 @@ def global_to_local(g: torch.Tensor, *, world: int, interleave: int) -> torch.Te
     return (g // (interleave * world)) * interleave + g % interleave
 
 
+def shard_topk_reference(full: torch.Tensor, *, world: int, rank: int, interleave: int,
+                         k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What rank `rank` contributes for rows of global scores `full` [rows, L]: the top-k of its
+    shard as local ids and scores, with a (-1, -inf) tail when the shard holds fewer than k."""
+    rows, length = full.shape
+    g = torch.arange(length, device=full.device)
+    mine = owner_of(g, world=world, interleave=interleave) == rank
+    ids = torch.full((rows, k), -1, dtype=torch.int32, device=full.device)
+    scores = torch.full((rows, k), -math.inf, device=full.device)
+    if mine.any():
+        local = global_to_local(g[mine], world=world, interleave=interleave)
+        shard = torch.full((rows, int(local.max()) + 1), -math.inf, device=full.device)
+        shard[:, local] = full[:, mine].float()
+        v, p = torch.topk(shard, min(k, shard.shape[1]), dim=-1)
+        ids[:, : v.shape[1]] = torch.where(v > -math.inf, p, -1).to(torch.int32)
+        scores[:, : v.shape[1]] = v
+    return ids, scores
+
+
 # -- plan ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DcpCaps:
@@ -62,14 +81,6 @@ class DcpCaps:
     num_sms: Optional[int] = None
 
 
-@dataclass(frozen=True)
-class _Region:
-    name: str
-    dtype: torch.dtype
-    numel: int
-    offset: int
-
-
 @dataclass
 class DcpPlan:
     caps: DcpCaps
@@ -78,9 +89,9 @@ class DcpPlan:
     topk_plan: Optional[indexer.IndexerPlan] = None
 
     def scratch_bytes(self) -> int:
-        return max((r.offset + r.numel * r.dtype.itemsize for r in self.regions.values()), default=0)
+        return _scratch.total_bytes(self.regions)
 
-    def scratch_specs(self) -> list[_Region]:
+    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
         return list(self.regions.values())
 
     @property
@@ -103,17 +114,12 @@ def plan(caps: DcpCaps, device: torch.device | str = "cuda") -> DcpPlan:
         p.topk_plan = indexer.plan(indexer.Caps(topk=k, max_batched=rows, max_width=w * k, with_scores=True,
                                                 logits_in_scratch=False, arch=caps.arch, num_sms=caps.num_sms))
         layout.append(("topk", torch.uint8, p.topk_plan.scratch_bytes()))
-    offset = 0
-    for name, dtype, numel in layout:
-        p.regions[name] = _Region(name, dtype, numel, offset)
-        offset = -(-(offset + numel * dtype.itemsize) // _ALIGN) * _ALIGN
+    p.regions = _scratch.layout(layout)
     return p
 
 
 def _view(scratch: torch.Tensor, p: DcpPlan, name: str, shape: Sequence[int]) -> torch.Tensor:
-    r = p.regions[name]
-    n = math.prod(shape) * r.dtype.itemsize
-    return scratch[r.offset:r.offset + n].view(r.dtype).view(*shape)
+    return _scratch.view(scratch, p.regions[name], tuple(shape))
 
 
 def _check_buffers(p: DcpPlan, scratch, local_ids, local_scores, out_ids, out_scores, what: str) -> int:
@@ -131,9 +137,7 @@ def _check_buffers(p: DcpPlan, scratch, local_ids, local_scores, out_ids, out_sc
     if out_scores is not None:
         check_tensor("out_scores", out_scores, dtype=torch.float32, shape=(rows, k), contiguous=True, device=dev)
     if scratch is not None:
-        check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=dev, align=_ALIGN)
-        require(scratch.numel() >= p.scratch_bytes(),
-                f"scratch: expected at least {p.scratch_bytes()} bytes (plan.scratch_bytes()), got {scratch.numel()}")
+        _scratch.check(scratch, p.scratch_bytes(), dev)
     require(dev.type == p.device_type, f"local_ids: expected a {p.device_type} tensor (the plan's), got {dev}")
     return rows
 
@@ -163,7 +167,11 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
                out_ids: torch.Tensor, out_scores: Optional[torch.Tensor] = None, rank: int,
                group: Optional[dist.ProcessGroup] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Exact global top-K over the DCP group; the same result on every rank. Rows may be 0 (an
-    empty chunk): the rank still issues the all-gather, with one (-1, -inf) row."""
+    empty chunk): the rank still issues the all-gather, with one (-1, -inf) row.
+
+    As a set the row is exact; its order is unspecified (on GPUs, winners come in rank-major
+    candidate order), and a winner with score -inf is -1 wherever it sits. out_scores, when
+    given, is position-aligned with out_ids."""
     rows = _check_buffers(p, scratch, local_ids, local_scores, out_ids, out_scores, "global top-k merge")
     c = p.caps
     w, k = c.world, c.k
@@ -196,8 +204,8 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
         lengths.fill_(w * k)
         win_pos = _view(scratch, p, "win_pos", (rows, k))
         win_scores = out_scores if out_scores is not None else _view(scratch, p, "win_scores", (rows, k))
-        tr = p.regions["topk"]
-        b = indexer.bind(p.topk_plan, scratch=scratch[tr.offset:tr.offset + tr.numel], lengths=lengths, logits=cand,
+        b = indexer.bind(p.topk_plan, scratch=_view(scratch, p, "topk", (p.regions["topk"].numel,)), lengths=lengths,
+                         logits=cand,
                          k=k, indices=win_pos, scores=win_scores)
         indexer.run_topk(b)
         kern["finalize"](gathered[:, :rows], win_pos, win_scores, out_ids, k)

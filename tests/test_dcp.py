@@ -15,22 +15,7 @@ K = 128
 
 
 def _local_topk(global_scores: torch.Tensor, world: int, rank: int, interleave: int, k: int):
-    """This rank's shard of each row, and its local top-k as (local ids, scores) with a -1/-inf tail."""
-    rows, length = global_scores.shape
-    g = torch.arange(length)
-    mine = dcp.owner_of(g, world=world, interleave=interleave) == rank
-    local_pos = dcp.global_to_local(g[mine], world=world, interleave=interleave)
-    ids = torch.full((rows, k), -1, dtype=torch.int32)
-    scores = torch.full((rows, k), -math.inf)
-    if mine.any():
-        n = int(local_pos.max()) + 1
-        shard = torch.full((rows, n), -math.inf)
-        shard[:, local_pos] = global_scores[:, mine]
-        v, p = torch.topk(shard, min(k, n), dim=-1)
-        valid = v > -math.inf
-        ids[:, : v.shape[1]] = torch.where(valid, p, -1).to(torch.int32)
-        scores[:, : v.shape[1]] = v
-    return ids, scores
+    return dcp.shard_topk_reference(global_scores, world=world, rank=rank, interleave=interleave, k=k)
 
 
 def _worker(rank, world, interleave, init_file, lengths, seed, out_dir):

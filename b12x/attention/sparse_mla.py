@@ -23,6 +23,7 @@ from codegen.specs import SparseMLASpec
 from codegen.tiling import decode_tiling
 
 from .. import registry
+from .. import scratch as _scratch
 from ..device import device_arch, num_sms as device_num_sms
 from ..errors import InputError
 from ..reference import FP8_RECORD, NOPE, PAGE
@@ -30,7 +31,6 @@ from ..validate import check_tensor, require
 
 Q_DIM = 576
 LOG2E = 1.0 / math.log(2.0)
-_ALIGN = 256
 MODES = ("decode", "extend")
 _KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
 
@@ -52,18 +52,6 @@ class Caps:
     def spec(self, arch: str) -> SparseMLASpec:
         return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, num_heads=self.num_heads,
                              topk=self.topk, kv_format=self.kv_format, mode=self.mode, arch=arch)
-
-
-@dataclass(frozen=True)
-class ScratchRegion:
-    name: str
-    dtype: torch.dtype
-    numel: int
-    offset: int  # bytes from the start of the scratch buffer
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
@@ -109,11 +97,11 @@ class SparseMLAPlan:
     def splits(self, rows: int, width: int) -> tuple[int, int]:
         return split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
 
-    def scratch_specs(self) -> list[ScratchRegion]:
+    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
         return list(self.regions.values())
 
     def scratch_bytes(self) -> int:
-        return max((r.offset + r.nbytes for r in self.regions.values()), default=0)
+        return _scratch.total_bytes(self.regions)
 
     def bind(self, scratch: torch.Tensor, **tensors) -> "Binding":
         return bind(self, scratch=scratch, **tensors)
@@ -137,11 +125,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
                   ("partial_lse", torch.float32, partial_rows * h)] + layout
     else:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
-    offset = 0
-    for name, dtype, numel in layout:
-        region = ScratchRegion(name, dtype, numel, offset)
-        p.regions[name] = region
-        offset = -(-(offset + region.nbytes) // _ALIGN) * _ALIGN
+    p.regions = _scratch.layout(layout)
     return p
 
 
@@ -157,11 +141,6 @@ class Binding:
     partial_lse: Optional[torch.Tensor]   # decode only
     tokens_per_split: int
     num_rows: Optional[torch.Tensor] = None  # extend: [1] int32 live rows (capacity-sized grid)
-
-
-def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> torch.Tensor:
-    nbytes = math.prod(shape) * r.dtype.itemsize
-    return scratch[r.offset:r.offset + nbytes].view(r.dtype).view(shape)
 
 
 def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor,
@@ -184,26 +163,24 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
     require(width % PAGE == 0 and PAGE <= width <= caps.topk,
             f"indices: expected a width that is a multiple of {PAGE} in [{PAGE}, {caps.topk}], got {width}")
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
-    check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=dev, align=_ALIGN)
-    require(scratch.numel() >= plan.scratch_bytes(),
-            f"scratch: expected at least {plan.scratch_bytes()} bytes (plan.scratch_bytes()), got {scratch.numel()}")
+    _scratch.check(scratch, plan.scratch_bytes(), dev)
     if out is None:
-        out = _region(scratch, plan.regions["out"], (rows, h, NOPE))
+        out = _scratch.view(scratch, plan.regions["out"], (rows, h, NOPE))
     check_tensor("out", out, dtype=torch.bfloat16, shape=(rows, h, NOPE), contiguous=True, device=dev)
     if lse is None:
-        lse = _region(scratch, plan.regions["lse"], (rows, h))
+        lse = _scratch.view(scratch, plan.regions["lse"], (rows, h))
     check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
     if caps.mode == "extend":
         if num_rows is None:
-            num_rows = _region(scratch, plan.regions["num_rows"], (1,))
+            num_rows = _scratch.view(scratch, plan.regions["num_rows"], (1,))
             num_rows.fill_(rows)  # a device-side fill: no host sync, and graph-capturable
         check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
         return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows)
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     splits, tps = plan.splits(rows, width)
     return Binding(plan, q, indices, lengths, out, lse,
-                   _region(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
-                   _region(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
+                   _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
+                   _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
 
 
 def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device) -> None:

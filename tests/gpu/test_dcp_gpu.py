@@ -58,19 +58,7 @@ def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
 
 
 def _local_from(full, world, rank, interleave):
-    rows, length = full.shape
-    gpos = torch.arange(length)
-    mine = dcp.owner_of(gpos, world=world, interleave=interleave) == rank
-    lp = dcp.global_to_local(gpos[mine], world=world, interleave=interleave)
-    ids = torch.full((rows, K), -1, dtype=torch.int32)
-    sc = torch.full((rows, K), -math.inf)
-    if mine.any():
-        shard = torch.full((rows, int(lp.max()) + 1), -math.inf)
-        shard[:, lp] = full[:, mine]
-        v, p = torch.topk(shard, min(K, shard.shape[1]), dim=-1)
-        ids[:, : v.shape[1]] = torch.where(v > -math.inf, p, -1).to(torch.int32)
-        sc[:, : v.shape[1]] = v
-    return ids, sc
+    return dcp.shard_topk_reference(full, world=world, rank=rank, interleave=interleave, k=K)
 
 
 def test_no_host_sync_in_metadata_and_merge():
