@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from codegen.indexer_specs import (COMPRESS_RATIOS, INDEXER_HEADS, TOPK_MAX, TOPK_WIDTH_MAX, IndexerLogitsSpec,
-                                   IndexerTopKSpec, TopKSpec, topk_tiling)
+                                   IndexerTopKSpec, TopKSpec, logits_ctas_per_sm, topk_tiling)
 
 from . import registry
 from .device import device_arch, num_sms as device_num_sms
@@ -133,8 +133,13 @@ class IndexerPlan:
         return max((r.offset + r.nbytes for r in self.regions.values()), default=0)
 
     def pages_per_cta(self, rows: int, width: int) -> int:
-        """Logits work split: about 8 CTAs per SM over all (row, page-run) pairs."""
+        """Logits work split. sm_90a: (row, page) units per CTA of the persistent grid, sized so
+        that one wave of the resident CTAs covers all units evenly. Elsewhere: pages per CTA of the
+        (row, page-run) grid, about 8 CTAs per SM."""
         pages = max(1, -(-width // PAGE))
+        if self.arch == "sm_90a":
+            slots = self.num_sms * logits_ctas_per_sm(self.caps.num_heads, self.arch)
+            return max(1, -(-(rows * pages) // slots))
         return max(1, -(-(rows * pages) // (8 * self.num_sms)))
 
     def use_fused(self, rows: int, width: int) -> bool:

@@ -94,6 +94,13 @@ def main() -> int:
                     try:
                         peer = [deepgemm.paged_logits(s["q"].view(batch, next_n, H, 128), pool, s["w"], s["ctx_lens"],
                                                       s["bt"], ctx, sms) for s in sets]
+                        # same function as ours? compare on the valid columns of the first set
+                        ref = peer[0]().float()
+                        ix.run_logits(binds[0], kv_cache=pool)
+                        ours = sets[0]["logits"]
+                        valid = (torch.arange(ctx, device="cuda")[None, :] < sets[0]["lengths"][:, None])
+                        diff = (ours[valid].double() - ref[:, :ctx][valid].double()).norm()
+                        r["peer_rel_err"] = float(diff / ref[:, :ctx][valid].double().norm().clamp(min=1e-30))
                         r["peer_logits_us"] = time_rotated(peer)
                         r["peer_pipeline_us"] = time_rotated([lambda f=f: torch.topk(f(), K, dim=-1) for f in peer])
                     except Exception as e:  # report, keep going

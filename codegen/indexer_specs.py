@@ -32,6 +32,15 @@ def topk_tiling(arch: str) -> dict:
             "fused_chunk": 8192, "fused_warps": 16}
 
 
+def logits_ctas_per_sm(num_heads: int, arch: str) -> int:
+    """Resident logits CTAs per SM the kernel is compiled for and the planner sizes its persistent
+    grid by. sm_90a: 4 CTAs x (q tile + 5 cp.async stages of a page), ~50 KB of shared memory each
+    (~90 registers). Elsewhere q's mma.sync fragments stay in registers (register-bound)."""
+    if arch == "sm_90a":
+        return 4
+    return {8: 6, 16: 4, 32: 3, 64: 3}[num_heads]
+
+
 def _check_arch(c: str, arch: str) -> None:
     _require(c, "arch", arch, arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
 
@@ -75,7 +84,7 @@ class IndexerLogitsSpec(KernelSpec):
     def template_context(self) -> dict:
         return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
                 "mode": self.mode, "page_size": self.page_size, "arch": self.arch,
-                "warps": 4, "min_ctas": {8: 6, 16: 4, 32: 3, 64: 3}[self.num_heads]}
+                "warps": 4, "min_ctas": logits_ctas_per_sm(self.num_heads, self.arch), "nbuf": 5}
 
 
 @register_family
@@ -157,5 +166,7 @@ class IndexerTopKSpec(KernelSpec):
         return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
                 "k_max": self.k, "max_width": self.max_width, "with_scores": self.with_scores,
                 "page_size": self.page_size, "arch": self.arch,
-                # q and the accumulators need ~170 registers at 32+ heads: 8 warps keep them unspilled
-                "tile": {**topk_tiling(self.arch), "fused_warps": 8 if self.num_heads >= 32 else 16}}
+                # mma.sync: q and the accumulators need ~170 registers at 32+ heads, so 8 warps keep
+                # them unspilled; sm_90a keeps q in shared memory (wgmma), so 16 warps (4 pages per step)
+                "tile": {**topk_tiling(self.arch),
+                         "fused_warps": 16 if self.arch == "sm_90a" or self.num_heads < 32 else 8}}
