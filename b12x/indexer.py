@@ -20,7 +20,6 @@ capturable.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
@@ -31,6 +30,7 @@ from codegen.indexer_specs import (COMPRESS_RATIOS, INDEXER_HEADS, TOPK_MAX, TOP
                                    IndexerTopKSpec, TopKSpec, logits_ctas_per_sm, topk_tiling)
 
 from . import registry
+from . import scratch as _scratch
 from .device import device_arch, num_sms as device_num_sms
 from .errors import InputError
 from .validate import check_tensor, require
@@ -38,7 +38,6 @@ from .validate import check_tensor, require
 PAGE = 64
 INDEX_DIM = 128
 K_RECORD = INDEX_DIM + 4
-_ALIGN = 256
 
 
 @dataclass(frozen=True)
@@ -69,18 +68,6 @@ class Caps:
     def fused_spec(self, arch: str) -> IndexerTopKSpec:
         return IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, k=TOPK_MAX,
                                max_width=TOPK_WIDTH_MAX, with_scores=self.with_scores, arch=arch)
-
-
-@dataclass(frozen=True)
-class ScratchRegion:
-    name: str
-    dtype: torch.dtype
-    numel: int
-    offset: int  # bytes from the start of the scratch buffer
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -126,11 +113,11 @@ class IndexerPlan:
     def specs(self) -> list:
         return [s for s in (self.logits_spec, self.topk_spec, self.fused_spec) if s is not None]
 
-    def scratch_specs(self) -> list[ScratchRegion]:
+    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
         return list(self.regions.values())
 
     def scratch_bytes(self) -> int:
-        return max((r.offset + r.nbytes for r in self.regions.values()), default=0)
+        return _scratch.total_bytes(self.regions)
 
     def pages_per_cta(self, rows: int, width: int) -> int:
         """Logits work split. sm_90a: (row, page) units per CTA of the persistent grid, sized so
@@ -176,11 +163,7 @@ def plan(caps: Caps) -> IndexerPlan:
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
     if caps.logits_in_scratch:
         layout.append(("logits", torch.float32, rows * caps.max_width))
-    offset = 0
-    for name, dtype, numel in layout:
-        region = ScratchRegion(name, dtype, numel, offset)
-        p.regions[name] = region
-        offset = -(-(offset + region.nbytes) // _ALIGN) * _ALIGN
+    p.regions = _scratch.layout(layout)
     return p
 
 
@@ -205,11 +188,6 @@ class Binding:
     pages_per_cta: int
 
 
-def _region(scratch: torch.Tensor, r: ScratchRegion, shape: tuple[int, ...]) -> torch.Tensor:
-    nbytes = math.prod(shape) * r.dtype.itemsize
-    return scratch[r.offset:r.offset + nbytes].view(r.dtype).view(shape)
-
-
 def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device) -> None:
     check_tensor(name, t, dtype=dtype, shape=shape, device=device, align=4)
     require(t.shape[-1] <= 1 or t.stride(-1) == 1,
@@ -231,10 +209,8 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
     logits.shape[1]) is the graph-stable logits width. physical=True returns block-table slots."""
     caps = plan.caps
     c = caps.compress_ratio
-    check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, align=_ALIGN)
+    _scratch.check(scratch, plan.scratch_bytes(), None)
     dev = scratch.device
-    require(scratch.numel() >= plan.scratch_bytes(),
-            f"scratch: expected at least {plan.scratch_bytes()} bytes (plan.scratch_bytes()), got {scratch.numel()}")
     check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)
     rows = lengths.shape[0]
     require(rows <= caps.max_batched, f"lengths: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
@@ -255,7 +231,7 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
     require(isinstance(width, int) and 1 <= width <= caps.max_width,
             f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
     if logits is None and "logits" in plan.regions:
-        logits = _region(scratch, plan.regions["logits"], (rows, width))
+        logits = _scratch.view(scratch, plan.regions["logits"], (rows, width))
     k = caps.topk if k is None else k
     require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
             f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")
@@ -273,11 +249,11 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
                 f"block_table: expected at least ceil(width / 64) = {need_pages} pages per request, "
                 f"got {block_table.shape[1]}")
     if indices is None:
-        indices = _region(scratch, plan.regions["indices"], (rows, k))
+        indices = _scratch.view(scratch, plan.regions["indices"], (rows, k))
     _check_rowmajor("indices", indices, torch.int32, (rows, k), dev)
     if caps.with_scores:
         if scores is None:
-            scores = _region(scratch, plan.regions["scores"], (rows, k))
+            scores = _scratch.view(scratch, plan.regions["scores"], (rows, k))
         _check_rowmajor("scores", scores, torch.float32, (rows, k), dev)
     else:
         require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
@@ -326,8 +302,8 @@ def _launch_logits(b: Binding, kv_cache) -> None:
 
 def _cand(b: Binding, which: int, groups: int):
     scratch, rk, rp, rc = b.cand[which]
-    return (_region(scratch, rk, (b.rows, groups, b.k)), _region(scratch, rp, (b.rows, groups, b.k)),
-            _region(scratch, rc, (b.rows, groups)))
+    return (_scratch.view(scratch, rk, (b.rows, groups, b.k)), _scratch.view(scratch, rp, (b.rows, groups, b.k)),
+            _scratch.view(scratch, rc, (b.rows, groups)))
 
 
 def _outputs(b: Binding) -> tuple:
@@ -480,5 +456,5 @@ def _(q, weights, kv_cache, block_table, lengths, max_len, scratch, indices, sco
     return None
 
 
-__all__ = ["Caps", "IndexerPlan", "Binding", "ScratchRegion", "TopKStep", "plan", "bind", "run_logits", "run_topk",
+__all__ = ["Caps", "IndexerPlan", "Binding", "TopKStep", "plan", "bind", "run_logits", "run_topk",
            "run_index_topk", "topk_schedule", "check_kv_cache", "INDEXER_HEADS", "COMPRESS_RATIOS", "InputError"]
