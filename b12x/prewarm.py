@@ -90,3 +90,56 @@ def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: i
     with _lock:
         _done.add(key)
     return key
+
+
+def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None) -> list:
+    """Resolve an indexer plan's artifacts and launch every route a call with up to
+    caps.max_batched rows can take: the fused path and logits + top-k, each at one row and at
+    max_batched rows, at a one-chunk width and at caps.max_width (every merge level).
+
+    Returns the (route, rows, width) triples that ran. `scratch` is the engine's workspace."""
+    import dataclasses
+
+    from . import indexer
+
+    device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
+    base = indexer.plan(caps)
+    for spec in base.specs():
+        registry.resolve(spec)
+    routes = [("unfused", False)] + ([("fused", True)] if base.fused_spec is not None else [])
+    plans = {name: indexer.plan(dataclasses.replace(caps, fused=flag)) for name, flag in routes}
+    if scratch is None:
+        scratch = torch.empty(max(p.scratch_bytes() for p in plans.values()), dtype=torch.uint8, device=device)
+    ran = []
+    widths = sorted({min(caps.max_width, base.tiling["chunk"]), caps.max_width})
+    with torch.cuda.device(device):
+        for name, p in plans.items():
+            for rows in sorted({1, caps.max_batched}):
+                for width in widths:
+                    _warm_indexer_call(p, scratch, rows, width, device)
+                    ran.append((name, rows, width))
+        torch.cuda.synchronize(device)
+    return ran
+
+
+def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: torch.device) -> None:
+    """One index + top-k call on a tiny cache (every page of the block table is page 0)."""
+    from . import indexer
+
+    caps = p.caps
+    h = caps.num_heads
+    q = torch.zeros(rows, h, indexer.INDEX_DIM, device=device).to(torch.float8_e4m3fn)
+    w = torch.ones(rows, h, device=device)
+    if caps.mode == "paged":
+        pages = -(-width // indexer.PAGE)
+        bt = torch.zeros(rows, pages, dtype=torch.int32, device=device)
+        lengths = torch.full((rows,), width * caps.compress_ratio, dtype=torch.int32, device=device)
+        kv = torch.zeros(1, indexer.PAGE, indexer.K_RECORD, dtype=torch.uint8, device=device)
+        b = indexer.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=width)
+    else:
+        kv = (torch.zeros(width, indexer.INDEX_DIM, device=device).to(torch.float8_e4m3fn),
+              torch.ones(width, device=device))
+        starts = torch.zeros(rows, dtype=torch.int32, device=device)
+        ends = torch.full((rows,), width, dtype=torch.int32, device=device)
+        b = indexer.bind(p, scratch=scratch, q=q, weights=w, lengths=ends, starts=starts, width=width)
+    indexer.run_index_topk(b, kv_cache=kv)

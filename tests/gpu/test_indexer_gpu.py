@@ -301,3 +301,14 @@ def test_custom_ops_run():
     logits = indexer_logits_paged_reference(q, w, kv, bt, lengths, width)
     ref_idx, _ = topk_reference(logits, 2048, lengths)
     check_topk_sets(idx, None, ref_idx)
+
+
+@pytest.mark.parametrize("mode", ("paged", "contiguous"))
+def test_prewarm_covers_every_route(mode):
+    from b12x.prewarm import prewarm_indexer
+
+    caps = ix.Caps(num_heads=64, topk=2048, mode=mode, max_batched=4, max_width=40000, with_scores=True)
+    ran = prewarm_indexer(caps)
+    routes = {r for r, _, _ in ran}
+    assert "unfused" in routes and (mode != "paged" or "fused" in routes)
+    assert {rows for _, rows, _ in ran} == {1, 4} and max(w for _, _, w in ran) == 40000
