@@ -12,6 +12,9 @@ _V_DIM = 512
 
 _FP8_RECORD = 656  # fp8_ds_mla bytes per token
 
+# sm_90a 64-head blocks on wgmma (see decode_tiling). Switch for the experimental path.
+WGMMA_ENABLED = True
+
 
 def _align(n: int, a: int) -> int:
     return -(-n // a) * a
@@ -41,6 +44,10 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
                  dequantised smem -> smem right before their math). 0 for bf16 KV.
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
     combine_heads: heads merged per CTA in the combine kernel (one warp per head).
+    wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
+                 warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
+                 wgmma 64x32x16 from smem Q/K, and O[:, 256g:256g+256] += P V with wgmma
+                 64x256x16, P from smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
     """
     if num_heads not in (16, 32, 64, 128):
         raise ValueError(f"num_heads must be 16, 32, 64 or 128, got {num_heads}")
@@ -76,6 +83,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
         stages = 1 if fp8 else 2
         raw_stages = 2 if fp8 else 0
 
+    # Hopper warpgroup MMA for 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
+    # warps_n = 2 warpgroups along tokens / value columns).
+    wgmma = arch == "sm_90a" and head_block == 64 and WGMMA_ENABLED
     smem = _smem_bytes(head_block, tile_tokens, stages, warps_n, raw_stages)
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
@@ -90,4 +100,5 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str) -> dict:
         "ctas_per_sm": ctas_per_sm,
         "combine_heads": 4,
         "smem_bytes_estimate": smem,
+        "wgmma": wgmma,
     }
