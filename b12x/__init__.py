@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 def __getattr__(name):  # keep `import b12x` light: torch-facing modules load on first use
     import importlib
 
-    if name in ("attention", "prewarm", "reference", "artifact_cache", "registry"):
+    if name in ("attention", "prewarm", "reference", "artifact_cache", "registry", "indexer", "dcp", "metadata",
+                "integration", "scratch"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(name)

@@ -141,6 +141,7 @@ class Binding:
     partial_lse: Optional[torch.Tensor]   # decode only
     tokens_per_split: int
     num_rows: Optional[torch.Tensor] = None  # extend: [1] int32 live rows (capacity-sized grid)
+    owns_num_rows: bool = False              # extend: num_rows is scratch that run_extend fills
 
 
 def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor,
@@ -171,11 +172,11 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
         lse = _scratch.view(scratch, plan.regions["lse"], (rows, h))
     check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
     if caps.mode == "extend":
-        if num_rows is None:
+        own = num_rows is None
+        if own:  # run_extend writes q's row count here before the launch
             num_rows = _scratch.view(scratch, plan.regions["num_rows"], (1,))
-            num_rows.fill_(rows)  # a device-side fill: no host sync, and graph-capturable
         check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
-        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows)
+        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own)
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     splits, tps = plan.splits(rows, width)
     return Binding(plan, q, indices, lengths, out, lse,
@@ -215,6 +216,8 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     _check_run(binding, "extend", kv_cache, sm_scale, attn_sink, lse_base)
     if binding.q.shape[0] == 0:
         return binding.out, binding.lse
+    if binding.owns_num_rows:
+        binding.num_rows.fill_(binding.q.shape[0])  # a device-side fill: no host sync, graph-capturable
     sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     binding.plan.kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
                                    sink, binding.num_rows, float(sm_scale) * LOG2E, int(attn_sink is not None),
