@@ -116,3 +116,36 @@ def test_nccl_merge_two_gpus():
     want = torch.topk(full, K, dim=-1).indices
     for r in range(4):
         assert set(a[r].tolist()) == set(want[r].tolist())
+
+
+def test_merge_is_graph_capturable_without_allocation():
+    rows = 8
+    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=rows))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    full = torch.randperm(rows * 30000, generator=torch.Generator().manual_seed(7)).float().view(rows, 30000)
+    ids, sc = _local_from(full, 1, 0, 1)
+    ids, sc = ids.cuda(), sc.cuda()
+    out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    out_s = torch.empty(rows, K, device="cuda")
+    args = dict(scratch=scratch, local_ids=ids, local_scores=sc, out_ids=out, out_scores=out_s, rank=0)
+    dcp.merge_topk(p, **args)  # lazy module loads before capture
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    dcp.merge_topk(p, **args)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "merge_topk allocated"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dcp.merge_topk(p, **args)
+    fresh = torch.randperm(rows * 30000, generator=torch.Generator().manual_seed(8)).float().view(rows, 30000)
+    ids2, sc2 = _local_from(fresh, 1, 0, 1)
+    ids.copy_(ids2)
+    sc.copy_(sc2)
+    out.fill_(7)
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+    want = torch.topk(fresh, K, dim=-1).indices
+    for r in range(rows):
+        assert set(out[r].cpu().tolist()) == set(want[r].tolist())
