@@ -13,10 +13,10 @@ pytestmark = pytest.mark.gpu
 def test_indexer_then_sparse_mla_through_the_adapter():
     g = torch.Generator(device="cuda").manual_seed(3)
     rows, heads, width, ctx = 4, 64, 8192, 6000
-    kv = quantize_k_pages(torch.randn(200, 64, 128, device="cuda", generator=g))
+    kv = quantize_k_pages(torch.randn(600, 64, 128, device="cuda", generator=g))
     q = quantize_q(torch.randn(rows, heads, 128, device="cuda", generator=g) * 4)
     w = torch.randn(rows, heads, device="cuda", generator=g)
-    bt = torch.randperm(200, device="cuda", generator=g)[: rows * 128].view(rows, 128).int()
+    bt = torch.randperm(600, device="cuda", generator=g)[: rows * 128].view(rows, 128).int()
     lengths = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
     idx = adapter.SparseIndexer(num_heads=heads, topk=2048, max_batched=rows, max_width=width)
     bufs = adapter.make_topk_buffers(rows, 2048, dcp_world_size=1, device="cuda")
