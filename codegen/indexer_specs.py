@@ -41,6 +41,14 @@ def logits_ctas_per_sm(num_heads: int, arch: str) -> int:
     return {8: 6, 16: 4, 32: 3, 64: 3}[num_heads]
 
 
+def _check_index_fields(c: str, spec) -> None:
+    """Fields every indexer spec shares: head dim, index heads, compress ratio."""
+    _require(c, "index_head_dim", spec.index_head_dim, spec.index_head_dim == 128, "128")
+    _require(c, "num_heads", spec.num_heads, spec.num_heads in INDEXER_HEADS, ", ".join(map(str, INDEXER_HEADS)))
+    _require(c, "compress_ratio", spec.compress_ratio, spec.compress_ratio in COMPRESS_RATIOS,
+             ", ".join(map(str, COMPRESS_RATIOS)))
+
+
 def _check_arch(c: str, arch: str) -> None:
     _require(c, "arch", arch, arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
 
@@ -67,10 +75,7 @@ class IndexerLogitsSpec(KernelSpec):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        _require(c, "index_head_dim", self.index_head_dim, self.index_head_dim == 128, "128")
-        _require(c, "num_heads", self.num_heads, self.num_heads in INDEXER_HEADS, ", ".join(map(str, INDEXER_HEADS)))
-        _require(c, "compress_ratio", self.compress_ratio, self.compress_ratio in COMPRESS_RATIOS,
-                 ", ".join(map(str, COMPRESS_RATIOS)))
+        _check_index_fields(c, self)
         _require(c, "mode", self.mode, self.mode in LOGITS_MODES, ", ".join(LOGITS_MODES))
         _require(c, "compress_ratio", self.compress_ratio, self.mode == "paged" or self.compress_ratio == 1,
                  "1 with mode 'contiguous' (its bounds are already in entries)")
@@ -144,10 +149,7 @@ class IndexerTopKSpec(KernelSpec):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        _require(c, "index_head_dim", self.index_head_dim, self.index_head_dim == 128, "128")
-        _require(c, "num_heads", self.num_heads, self.num_heads in INDEXER_HEADS, ", ".join(map(str, INDEXER_HEADS)))
-        _require(c, "compress_ratio", self.compress_ratio, self.compress_ratio in COMPRESS_RATIOS,
-                 ", ".join(map(str, COMPRESS_RATIOS)))
+        _check_index_fields(c, self)
         _require(c, "k", self.k, isinstance(self.k, int) and 128 <= self.k <= TOPK_MAX and self.k % 128 == 0,
                  f"a multiple of 128 in [128, {TOPK_MAX}]")
         _require(c, "max_width", self.max_width,
