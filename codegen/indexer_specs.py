@@ -49,6 +49,15 @@ def _check_index_fields(c: str, spec) -> None:
              ", ".join(map(str, COMPRESS_RATIOS)))
 
 
+def _check_topk_fields(c: str, spec) -> None:
+    """Fields every top-k spec shares: K bound, width bound, scores flag."""
+    _require(c, "k", spec.k, isinstance(spec.k, int) and 128 <= spec.k <= TOPK_MAX and spec.k % 128 == 0,
+             f"a multiple of 128 in [128, {TOPK_MAX}]")
+    _require(c, "max_width", spec.max_width, isinstance(spec.max_width, int) and 1 <= spec.max_width <= TOPK_WIDTH_MAX,
+             f"an int in [1, {TOPK_WIDTH_MAX}]")
+    _require(c, "with_scores", spec.with_scores, isinstance(spec.with_scores, bool), "True, False")
+
+
 def _check_arch(c: str, arch: str) -> None:
     _require(c, "arch", arch, arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
 
@@ -111,12 +120,7 @@ class TopKSpec(KernelSpec):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        _require(c, "k", self.k, isinstance(self.k, int) and 128 <= self.k <= TOPK_MAX and self.k % 128 == 0,
-                 f"a multiple of 128 in [128, {TOPK_MAX}]")
-        _require(c, "max_width", self.max_width,
-                 isinstance(self.max_width, int) and 1 <= self.max_width <= TOPK_WIDTH_MAX,
-                 f"an int in [1, {TOPK_WIDTH_MAX}]")
-        _require(c, "with_scores", self.with_scores, isinstance(self.with_scores, bool), "True, False")
+        _check_topk_fields(c, self)
         _check_arch(c, self.arch)
 
     @property
@@ -150,12 +154,7 @@ class IndexerTopKSpec(KernelSpec):
     def __post_init__(self) -> None:
         c = type(self).__name__
         _check_index_fields(c, self)
-        _require(c, "k", self.k, isinstance(self.k, int) and 128 <= self.k <= TOPK_MAX and self.k % 128 == 0,
-                 f"a multiple of 128 in [128, {TOPK_MAX}]")
-        _require(c, "max_width", self.max_width,
-                 isinstance(self.max_width, int) and 1 <= self.max_width <= TOPK_WIDTH_MAX,
-                 f"an int in [1, {TOPK_WIDTH_MAX}]")
-        _require(c, "with_scores", self.with_scores, isinstance(self.with_scores, bool), "True, False")
+        _check_topk_fields(c, self)
         _require(c, "page_size", self.page_size, self.page_size == 64, "64")
         _check_arch(c, self.arch)
 

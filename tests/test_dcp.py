@@ -14,10 +14,6 @@ from b12x.errors import InputError
 K = 128
 
 
-def _local_topk(global_scores: torch.Tensor, world: int, rank: int, interleave: int, k: int):
-    return dcp.shard_topk_reference(global_scores, world=world, rank=rank, interleave=interleave, k=k)
-
-
 def _worker(rank, world, interleave, init_file, lengths, seed, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -28,7 +24,7 @@ def _worker(rank, world, interleave, init_file, lengths, seed, out_dir):
         for length in lengths:
             rows = 3
             full = torch.randperm(rows * max(length, 1), generator=g).float().view(rows, -1)[:, :length]  # distinct
-            ids, scores = _local_topk(full, world, rank, interleave, K)
+            ids, scores = dcp.shard_topk_reference(full, world=world, rank=rank, interleave=interleave, k=K)
             out = torch.empty(rows, K, dtype=torch.int32)
             out_s = torch.empty(rows, K)
             dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=scores, out_ids=out, out_scores=out_s,
@@ -96,7 +92,7 @@ def test_merge_is_exact_and_identical_on_every_rank(world, interleave):
             for r in range(world):
                 conv = res[r][length]["conv"][row]
                 got |= set(conv[conv >= 0].tolist())
-                ids, _ = _local_topk(full, world, r, interleave, K)
+                ids, _ = dcp.shard_topk_reference(full, world=world, rank=r, interleave=interleave, k=K)
                 g = dcp.local_to_global(ids[row], world=world, rank=r, interleave=interleave)
                 want |= set(g[g >= 0].tolist())
             assert got == want

@@ -20,20 +20,19 @@ def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
     full = torch.randperm(rows * length, generator=torch.Generator().manual_seed(world * 31 + interleave))
     full = full.float().view(rows, length)  # one global row set, sharded consistently over the ranks
     locals_ = [_local_from(full, world, r, interleave) for r in range(world)]
+    caps = dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8)
+    pc = dcp.plan(caps, device="cpu")  # the torch path of the same module, for the other ranks' sends
     sends = []
     for r, (ids, sc) in enumerate(locals_):
-        p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
-        s = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
-        send = dcp._view(s, p, "send", (rows, 2 * K))
-        send[:, :K].copy_(dcp.local_to_global(ids, world=world, rank=r, interleave=interleave))
-        send[:, K:].view(torch.float32).copy_(sc.masked_fill(ids < 0, -math.inf))
-        sends.append(send.clone())
+        g, gs = torch.empty_like(ids), torch.empty_like(sc)
+        dcp.convert_to_global(pc, local_ids=ids, local_scores=sc, out_ids=g, out_scores=gs, rank=r)
+        sends.append(torch.cat([g, gs.view(torch.int32)], dim=1))  # the packed (ids | scores) row layout
 
     def fake_all_gather(out, inp, group=None):  # stands in for the collective on one GPU
         out.copy_(torch.cat([x.reshape(-1) for x in sends]).to(out.device))
 
     monkeypatch.setattr(dist, "all_gather_into_tensor", fake_all_gather)
-    p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8))
+    p = dcp.plan(caps)
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     ids, sc = locals_[0]
     out = torch.full((rows, K), 7, dtype=torch.int32, device="cuda")
@@ -51,7 +50,6 @@ def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
     for r in range(world):
         loc, lens = torch.empty_like(out), torch.empty(rows, dtype=torch.int32, device="cuda")
         dcp.filter_local(p, global_ids=out, out_local=loc, lengths=lens, rank=r)
-        pc = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
         loc_c, lens_c = torch.empty(rows, K, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
         dcp.filter_local(pc, global_ids=out.cpu(), out_local=loc_c, lengths=lens_c, rank=r)
         assert torch.equal(loc.cpu(), loc_c) and torch.equal(lens.cpu(), lens_c)
