@@ -129,6 +129,15 @@ class IndexerPlan:
             return max(1, -(-(rows * pages) // slots))
         return max(1, -(-(rows * pages) // (8 * self.num_sms)))
 
+    def wide_tiles_per_cta(self, rows: int, width: int) -> int:
+        """Tiles per wide top-k CTA: the fewest that keep the grid within one wave of resident
+        CTAs (the CTAs of a row wait for each other, so they must all be resident)."""
+        t = self.tiling
+        tiles = -(-width // t["wide_tile"])
+        slots = self.num_sms * t["wide_min_ctas"]
+        per_row = max(1, slots // max(rows, 1))
+        return -(-tiles // min(tiles, per_row))
+
     def use_fused(self, rows: int, width: int) -> bool:
         if self.fused_spec is None:
             return False
@@ -161,6 +170,12 @@ def plan(caps: Caps) -> IndexerPlan:
               ("cand_key_b", torch.int32, rows * groups * k), ("cand_pos_b", torch.int32, rows * groups * k),
               ("cand_cnt_b", torch.int32, rows * groups),
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
+    if caps.max_width > tiling["chunk"]:
+        # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer
+        layout += [("wide_hist", torch.int32, rows * ((1 << tiling["wide_bits"]) + 4)),
+                   ("wide_cnt", torch.int32, rows * -(-caps.max_width // tiling["wide_tile"]) * 2),
+                   ("wide_state", torch.int32, rows * 4),
+                   ("tie_key", torch.int32, rows * tiling["tie_cap"]), ("tie_pos", torch.int32, rows * tiling["tie_cap"])]
     if caps.logits_in_scratch:
         layout.append(("logits", torch.float32, rows * caps.max_width))
     p.regions = _scratch.layout(layout)
@@ -354,8 +369,11 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     if not b.rows:
         return b.indices, b.scores
     t = p.tiling
-    steps = topk_schedule(b.width, b.k, t["chunk"], t["merge_cap"], "chunk")
     kernels = p.kernels("topk")
+    if b.width > t["chunk"]:
+        _run_wide_topk(b, kernels)
+        return b.indices, b.scores
+    steps = topk_schedule(b.width, b.k, t["chunk"], t["merge_cap"], "chunk")
 
     def first(st, outs, bt, starts, max_len, ratio):
         kernels[st.entry](b.logits, starts, b.lengths, max_len, bt, *outs, *outs, *_outputs(b), b.k, ratio,
@@ -363,6 +381,36 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
 
     _run_schedule(b, steps, kernels, first)
     return b.indices, b.scores
+
+
+def _wide_args(b: Binding) -> tuple:
+    """Arguments of the wide-row launches (wide_chunk, wide_ties): views of the binding's scratch."""
+    p = b.plan
+    t = p.tiling
+    scratch, regions = b.cand[0][0], p.regions
+    tpc = p.wide_tiles_per_cta(b.rows, b.width)
+    ctas = -(-(-(-b.width // t["wide_tile"])) // tpc)
+    dummy = _dummy(b)
+    return (b.logits, b.starts if b.starts is not None else dummy, b.lengths,
+            b.max_len if b.max_len is not None else dummy,
+            b.block_table if b.block_table is not None else dummy.view(1, -1),
+            _scratch.view(scratch, regions["wide_hist"], (b.rows, (1 << t["wide_bits"]) + 4)),
+            _scratch.view(scratch, regions["wide_cnt"], (b.rows, 2 * ctas)),
+            _scratch.view(scratch, regions["wide_state"], (b.rows, 4)),
+            _scratch.view(scratch, regions["tie_key"], (b.rows, t["tie_cap"])),
+            _scratch.view(scratch, regions["tie_pos"], (b.rows, t["tie_cap"])),
+            *_outputs(b), b.k, p.caps.compress_ratio if p.caps.mode == "paged" else 1, int(b.starts is not None),
+            int(b.max_len is not None), int(b.physical), b.rows_per_req, tpc)
+
+
+def _run_wide_topk(b: Binding, kernels) -> None:
+    """Rows wider than one chunk: zeroed histogram and sync words, then the chunk CTAs (histogram ->
+    threshold bin -> ranked writes) and the per-row tie pass (see topk.py.j2)."""
+    args = _wide_args(b)
+    # The chunk CTAs of a row wait on counters next to the histogram: zero on every call.
+    args[5].zero_()     # a memset node under graph capture; allocates nothing
+    kernels["wide_chunk"](*args)
+    kernels["wide_ties"](*args)
 
 
 def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

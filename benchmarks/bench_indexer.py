@@ -89,6 +89,9 @@ def main() -> int:
                 r["torch_topk_us"] = time_rotated([lambda s=s: torch.topk(s["logits"], K, dim=-1) for s in sets])
                 r["ours_pipeline_us"] = time_rotated([lambda b=b: ix.run_index_topk(b, kv_cache=pool) for b in binds])
                 r["fused"] = p.use_fused(rows, ctx)
+                if r["fused"]:   # the unfused route on the same inputs, to check the planner's choice
+                    r["ours_unfused_pipeline_us"] = time_rotated(
+                        [lambda b=b: (ix.run_logits(b, kv_cache=pool), ix.run_topk(b)) for b in binds])
                 r["peer_logits_us"] = r["peer_pipeline_us"] = None
                 if deepgemm.available():
                     try:

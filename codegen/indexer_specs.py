@@ -26,10 +26,15 @@ def topk_tiling(arch: str) -> dict:
     chunk:     logits one CTA selects from in shared memory (u32 keys), the first stage.
     merge_cap: candidates one merge CTA holds (u32 key + i32 position each).
     threads:   CTA size of the select kernels.
-    bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys)."""
+    bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys).
+    wide_*:    rows wider than `chunk`: logits per tile, CTA size, resident CTAs per SM and
+               histogram bits of the threshold kernel; tie_cap keys of the threshold bin fit one
+               CTA's shared memory."""
     chunk = 16384 if arch == "sm_90a" else 8192
     return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
-            "fused_chunk": 8192, "fused_warps": 16}
+            "fused_chunk": 8192, "fused_warps": 16,
+            "wide_tile": 4096, "wide_threads": 256, "wide_min_ctas": 4, "wide_bits": 12,
+            "tie_cap": chunk}
 
 
 def logits_ctas_per_sm(num_heads: int, arch: str) -> int:

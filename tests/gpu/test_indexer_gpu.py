@@ -202,6 +202,42 @@ def test_topk_any_multiple_of_128_and_ties(k):
         assert torch.equal(scores[r], logits[r, idx[r].long()])
 
 
+@pytest.mark.parametrize("width", (16385, 50000, 131072))
+def test_topk_wide_rows_with_starts(width):
+    """Rows wider than one chunk with [start, end) bounds: starts mid-chunk, near the end, past it."""
+    rows, k = 6, 2048
+    logits = torch.randn(rows, width, device="cuda", generator=_gen(width))       # near-continuous scores
+    starts = torch.tensor([0, 4095, 4097, width - 3000, width - 100, width], dtype=torch.int32, device="cuda")
+    ends = torch.tensor([width, width - 1, 9000, width, width, width], dtype=torch.int32, device="cuda")
+    p = make_plan(k=k, rows=rows, width=width)
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, starts=starts, logits=logits, k=k)
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref_idx, _ = topk_reference(logits, k, ends, starts)
+    check_topk_sets(idx, None, ref_idx)
+    for r in range(rows):
+        n = int((ref_idx[r] >= 0).sum())
+        got = idx[r, :n].long() + int(starts[r])
+        torch.testing.assert_close(scores[r, :n], logits[r, got])
+
+
+@pytest.mark.parametrize("k", (128, 2048))
+def test_topk_wide_row_of_equal_scores(k):
+    """Every score equal: the threshold bin holds the whole row, more than the tie buffer, so the
+    last pass selects from the row itself; the winners are then the lowest positions."""
+    rows, width = 2, 70000
+    logits = torch.full((rows, width), 1.25, device="cuda")
+    logits[1, ::7] = 2.0                            # 10000 larger keys, then ties at 1.25
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    p = make_plan(k=2048, rows=rows, width=width)
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    assert torch.equal(idx[0].sort().values, torch.arange(k, dtype=torch.int32, device="cuda"))
+    assert (logits[1, idx[1].long()] == 2.0).all() and len(set(idx[1].tolist())) == k
+    assert torch.equal(scores[0], logits[0, idx[0].long()])
+
+
 def test_topk_compressed_rows_and_physical_slots():
     c, rows, next_n, width = 4, 6, 2, 20000
     logits = distinct_logits(rows, width, seed=11)
