@@ -51,14 +51,14 @@ class Caps:
     max_batched: int = 128            # most query rows per call
     max_width: int = 131072           # widest logits row, in entries
     with_scores: bool = False
-    fused: Optional[bool] = None      # run_index_topk: None = the planner decides per call
+    fused: Optional[bool] = None      # run_index_topk: True = the fused path; None, False = logits + top-k
     logits_in_scratch: bool = True    # reserve a [max_batched, max_width] fp32 logits region
     arch: Optional[str] = None        # None: the current CUDA device's
     num_sms: Optional[int] = None     # None: the current CUDA device's
 
-    def logits_spec(self, arch: str) -> IndexerLogitsSpec:
+    def logits_spec(self, arch: str, rows_per_unit: int = 1) -> IndexerLogitsSpec:
         return IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=self.compress_ratio, mode=self.mode,
-                                 arch=arch)
+                                 rows_per_unit=rows_per_unit, arch=arch)
 
     # One top-k artifact serves every K <= TOPK_MAX and width <= TOPK_WIDTH_MAX (both are launch
     # arguments), so plans always name the catalog's bucket rather than a spec per call shape.
@@ -105,13 +105,21 @@ class IndexerPlan:
     fused_spec: Optional[IndexerTopKSpec]
     tiling: dict
     regions: dict = field(default_factory=dict)
+    # paged sm_90a: the logits kernel that scores each staged page for two rows of a request
+    logits_pair_spec: Optional[IndexerLogitsSpec] = None
 
     def kernels(self, which: str) -> registry.LoadedKernels:
-        spec = {"logits": self.logits_spec, "topk": self.topk_spec, "fused": self.fused_spec}[which]
+        spec = {"logits": self.logits_spec, "logits_pair": self.logits_pair_spec, "topk": self.topk_spec,
+                "fused": self.fused_spec}[which]
         return registry.resolve(spec)
 
     def specs(self) -> list:
-        return [s for s in (self.logits_spec, self.topk_spec, self.fused_spec) if s is not None]
+        return [s for s in (self.logits_spec, self.logits_pair_spec, self.topk_spec, self.fused_spec)
+                if s is not None]
+
+    def logits_rows_per_unit(self, rows_per_req: int) -> int:
+        """Query rows per logits unit: two rows of one request share each K page load (MTP)."""
+        return 2 if self.logits_pair_spec is not None and rows_per_req % 2 == 0 else 1
 
     def scratch_specs(self) -> list[_scratch.ScratchRegion]:
         return list(self.regions.values())
@@ -119,13 +127,13 @@ class IndexerPlan:
     def scratch_bytes(self) -> int:
         return _scratch.total_bytes(self.regions)
 
-    def pages_per_cta(self, rows: int, width: int) -> int:
-        """Logits work split. sm_90a: (row, page) units per CTA of the persistent grid, sized so
-        that one wave of the resident CTAs covers all units evenly. Elsewhere: pages per CTA of the
-        (row, page-run) grid, about 8 CTAs per SM."""
+    def pages_per_cta(self, rows: int, width: int, rows_per_unit: int = 1) -> int:
+        """Logits work split. sm_90a: (row group, page) units per CTA of the persistent grid, sized
+        so that one wave of the resident CTAs covers all units evenly (`rows` counts row groups).
+        Elsewhere: pages per CTA of the (row, page-run) grid, about 8 CTAs per SM."""
         pages = max(1, -(-width // PAGE))
         if self.arch == "sm_90a":
-            slots = self.num_sms * logits_ctas_per_sm(self.caps.num_heads, self.arch)
+            slots = self.num_sms * logits_ctas_per_sm(self.caps.num_heads, self.arch, rows_per_unit)
             return max(1, -(-(rows * pages) // slots))
         return max(1, -(-(rows * pages) // (8 * self.num_sms)))
 
@@ -139,13 +147,10 @@ class IndexerPlan:
         return -(-tiles // min(tiles, per_row))
 
     def use_fused(self, rows: int, width: int) -> bool:
-        if self.fused_spec is None:
-            return False
-        if self.caps.fused is not None:
-            return self.caps.fused
-        # Small batches: the fused grid still covers the SMs and the logits round trip and the
-        # extra launch are a visible share of the time.
-        return rows * -(-width // self.tiling["fused_chunk"]) >= self.num_sms // 2 and rows <= 16
+        """The fused score+select path only when Caps.fused asks for it: on the H200 grid, logits
+        then the wide-row top-k measured faster at every point the fused path used to take
+        (B=8 at 64K-128K; benchmarks/RESULTS.md)."""
+        return self.fused_spec is not None and bool(self.caps.fused)
 
 
 def plan(caps: Caps) -> IndexerPlan:
@@ -162,7 +167,8 @@ def plan(caps: Caps) -> IndexerPlan:
             f"Caps.max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {caps.max_width!r}")
     sms = caps.num_sms or device_num_sms()
     tiling = topk_tiling(arch)
-    p = IndexerPlan(caps, arch, sms, logits_spec, topk_spec, fused_spec, tiling)
+    pair = caps.logits_spec(arch, rows_per_unit=2) if caps.mode == "paged" and arch == "sm_90a" else None
+    p = IndexerPlan(caps, arch, sms, logits_spec, topk_spec, fused_spec, tiling, logits_pair_spec=pair)
     rows, k = caps.max_batched, caps.topk
     groups = max(-(-caps.max_width // tiling["chunk"]), -(-caps.max_width // tiling["fused_chunk"]))
     layout = [("cand_key_a", torch.int32, rows * groups * k), ("cand_pos_a", torch.int32, rows * groups * k),
@@ -274,9 +280,10 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
         require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
     cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
                   plan.regions[f"cand_cnt_{s}"]) for s in "ab")
+    g = plan.logits_rows_per_unit(rows_per_req)
     return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
                    block_table, rows_per_req, max_len, physical, logits, indices, scores, cand,
-                   plan.pages_per_cta(rows, width))
+                   plan.pages_per_cta(rows // g, width, g))
 
 
 def check_kv_cache(kv_cache, mode: str, device: torch.device) -> None:
@@ -306,11 +313,12 @@ def _dummy(b: Binding) -> torch.Tensor:
 
 def _launch_logits(b: Binding, kv_cache) -> None:
     p = b.plan
-    fn = p.kernels("logits")["logits"]
     if p.caps.mode == "paged":
+        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows_per_req) == 2 else "logits")["logits"]
         fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, b.max_len if b.max_len is not None else _dummy(b),
            b.logits, b.rows_per_req, int(b.max_len is not None), b.pages_per_cta)
     else:
+        fn = p.kernels("logits")["logits"]
         kv, sc = kv_cache
         fn(b.q, b.weights, kv.view(torch.uint8), sc, b.starts, b.lengths, b.logits, b.pages_per_cta)
 

@@ -59,10 +59,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="batch {1, 128} x context {8K, 128K} x next_n 1")
+    ap.add_argument("--next-n", type=int, default=None, help="only this next_n")
     args = ap.parse_args()
     batches = (1, 128) if args.quick else (1, 8, 32, 128)
     ctxs = (8192, 131072) if args.quick else (8192, 32768, 65536, 131072)
     next_ns = (1,) if args.quick else (1, 2)
+    if args.next_n is not None:
+        next_ns = (args.next_n,)
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"device: {torch.cuda.get_device_name()}  deep_gemm: {deepgemm.unavailable_reason() or deepgemm.version()}")

@@ -39,6 +39,9 @@ class IndexerConfig:
     def specs(self, arch: str) -> list[KernelSpec]:
         out: list[KernelSpec] = [IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=c, arch=arch)
                                  for c in self.compress_ratios]
+        if arch == "sm_90a":    # MTP rows: two rows of a request per staged K page
+            out += [IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=c, rows_per_unit=2, arch=arch)
+                    for c in self.compress_ratios]
         out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", arch=arch))
         out += [TopKSpec(k=self.topk, with_scores=s, arch=arch) for s in (False, True)]
         out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=self.topk, with_scores=s, arch=arch)

@@ -37,13 +37,20 @@ def topk_tiling(arch: str) -> dict:
             "tie_cap": chunk}
 
 
-def logits_ctas_per_sm(num_heads: int, arch: str) -> int:
+def logits_ctas_per_sm(num_heads: int, arch: str, rows_per_unit: int = 1) -> int:
     """Resident logits CTAs per SM the kernel is compiled for and the planner sizes its persistent
     grid by. sm_90a: 4 CTAs x (q tile + 5 cp.async stages of a page), ~50 KB of shared memory each
-    (~90 registers). Elsewhere q's mma.sync fragments stay in registers (register-bound)."""
+    (~110 registers); with row pairs, 3 CTAs x (2 q tiles + 6 stages): the n = 2 Hi accumulators
+    of one wgmma chain need more than 128 registers. Elsewhere q's mma.sync fragments stay in registers
+    (register-bound)."""
     if arch == "sm_90a":
-        return 4
+        return 4 if rows_per_unit == 1 else 3
     return {8: 6, 16: 4, 32: 3, 64: 3}[num_heads]
+
+
+def logits_stages(rows_per_unit: int) -> int:
+    """cp.async page stages of the sm_90a logits kernel (see logits_ctas_per_sm)."""
+    return 5 if rows_per_unit == 1 else 6
 
 
 def _check_index_fields(c: str, spec) -> None:
@@ -85,12 +92,16 @@ class IndexerLogitsSpec(KernelSpec):
     compress_ratio: int = 1
     mode: str = "paged"
     page_size: int = 64
+    rows_per_unit: int = 1           # query rows of one request scored per staged K page (MTP)
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
         c = type(self).__name__
         _check_index_fields(c, self)
         _require(c, "mode", self.mode, self.mode in LOGITS_MODES, ", ".join(LOGITS_MODES))
+        _require(c, "rows_per_unit", self.rows_per_unit,
+                 self.rows_per_unit == 1 or (self.rows_per_unit == 2 and self.mode == "paged" and self.arch == "sm_90a"),
+                 "1, or 2 with mode 'paged' on sm_90a")
         _require(c, "compress_ratio", self.compress_ratio, self.mode == "paged" or self.compress_ratio == 1,
                  "1 with mode 'contiguous' (its bounds are already in entries)")
         _require(c, "page_size", self.page_size, self.page_size == 64, "64")
@@ -98,12 +109,14 @@ class IndexerLogitsSpec(KernelSpec):
 
     @property
     def name(self) -> str:
-        return f"indexer_logits_{self.mode}_h{self.num_heads}_c{self.compress_ratio}_{self.arch}"
+        group = f"_g{self.rows_per_unit}" if self.rows_per_unit > 1 else ""
+        return f"indexer_logits_{self.mode}_h{self.num_heads}_c{self.compress_ratio}{group}_{self.arch}"
 
     def template_context(self) -> dict:
         return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
                 "mode": self.mode, "page_size": self.page_size, "arch": self.arch,
-                "warps": 4, "min_ctas": logits_ctas_per_sm(self.num_heads, self.arch), "nbuf": 5}
+                "warps": 4, "min_ctas": logits_ctas_per_sm(self.num_heads, self.arch, self.rows_per_unit),
+                "rows_per_unit": self.rows_per_unit, "nbuf": logits_stages(self.rows_per_unit)}
 
 
 @register_family

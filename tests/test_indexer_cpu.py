@@ -38,6 +38,12 @@ def test_spec_validation_names_field_and_allowed(cls, field, value, allowed):
     assert f"{cls.__name__}.{field}" in msg and repr(value) in msg and allowed in msg
 
 
+@pytest.mark.parametrize("kw", [dict(mode="contiguous"), dict(arch="sm_120a"), dict(rows_per_unit=3)])
+def test_row_pairs_need_paged_sm90(kw):
+    with pytest.raises(SpecError, match="rows_per_unit"):
+        IndexerLogitsSpec(**{"rows_per_unit": 2, **kw})
+
+
 def test_contiguous_rejects_compression():
     with pytest.raises(SpecError, match="compress_ratio.*contiguous"):
         IndexerLogitsSpec(mode="contiguous", compress_ratio=4)
@@ -53,7 +59,7 @@ def test_canonical_json_roundtrip(spec):
 
 RENDER_SPECS = [
     IndexerLogitsSpec(num_heads=64), IndexerLogitsSpec(num_heads=8, compress_ratio=128, arch="sm_120a"),
-    IndexerLogitsSpec(num_heads=32, mode="contiguous"),
+    IndexerLogitsSpec(num_heads=32, mode="contiguous"), IndexerLogitsSpec(num_heads=16, rows_per_unit=2),
     TopKSpec(), TopKSpec(k=512, with_scores=True, arch="sm_120a"),
     IndexerTopKSpec(num_heads=64, with_scores=True), IndexerTopKSpec(num_heads=16, compress_ratio=4, arch="sm_120a"),
 ]
