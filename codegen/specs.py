@@ -118,7 +118,7 @@ class SparseMLASpec(KernelSpec):
             "topk": self.topk,
             "arch": self.arch,
             "mode": self.mode,
-            "tile": decode_tiling(self.num_heads, self.kv_format, self.arch),
+            "tile": decode_tiling(self.num_heads, self.kv_format, self.arch, self.mode),
         }
 
 

@@ -114,7 +114,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
             f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
     sms = caps.num_sms or device_num_sms()
-    tile = decode_tiling(caps.num_heads, caps.kv_format, arch)
+    tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
     p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]))
     h, rows = caps.num_heads, caps.max_batched
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]

@@ -37,7 +37,7 @@ FP8_ROPE_OFF = 528
 
 # ---- tiling (codegen.tiling.decode_tiling) ---------------------------------------------------
 HEAD_BLOCK = 16
-TILE_TOKENS = 64
+TILE_TOKENS = 32
 WARPS_M = 1
 WARPS_N = 4
 STAGES = 2              # bf16 K tiles in shared memory
