@@ -77,8 +77,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         if mode == "extend" and not fp8 and head_block == 16:
             # extend, bf16 KV, 16 heads: one row per CTA is gather-bound and a 64-token double
             # buffer allows one CTA per SM; 32-token tiles let two CTAs share an SM, so one
-            # gathers while the other multiplies (s_q 4096: 2459 -> 2093 µs). 32 heads measured
-            # slower this way (3070 -> 3495 µs): at 148 registers only one CTA fits anyway.
+            # gathers while the other multiplies (s_q 4096: 2459 -> 2084-2093 µs). 32 heads measured
+            # slower this way: 3070 -> 3495 µs (148 registers: one CTA per SM), 3578 µs with the
+            # registers held to 128 so that two CTAs fit.
             tile_tokens = 32
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
