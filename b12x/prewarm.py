@@ -95,7 +95,8 @@ def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: i
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None) -> list:
     """Resolve an indexer plan's artifacts and launch every route a call with up to
     caps.max_batched rows can take: the fused path and logits + top-k, each at one row and at
-    max_batched rows, at a one-chunk width and at caps.max_width (every merge level).
+    max_batched rows, at a one-chunk width and at caps.max_width (the wide top-k), plus MTP row
+    pairs (the row-pair logits kernel) on paged sm_90a.
 
     Returns the (route, rows, width) triples that ran. `scratch` is the engine's workspace."""
     import dataclasses
@@ -118,11 +119,19 @@ def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: 
                 for width in widths:
                     _warm_indexer_call(p, scratch, rows, width, device)
                     ran.append((name, rows, width))
+        if base.logits_pair_spec is not None and caps.max_batched >= 2:
+            # MTP: two query rows per request take the row-pair logits kernel
+            p = plans["unfused"]
+            for rows in sorted({2, caps.max_batched // 2 * 2}):
+                for width in widths:
+                    _warm_indexer_call(p, scratch, rows, width, device, rows_per_req=2)
+                    ran.append(("mtp-pairs", rows, width))
         torch.cuda.synchronize(device)
     return ran
 
 
-def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: torch.device) -> None:
+def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: torch.device,
+                       rows_per_req: int = 1) -> None:
     """One index + top-k call on a tiny cache (every page of the block table is page 0)."""
     from . import indexer
 
@@ -132,7 +141,7 @@ def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: 
     w = torch.ones(rows, h, device=device)
     if caps.mode == "paged":
         pages = -(-width // indexer.PAGE)
-        bt = torch.zeros(rows, pages, dtype=torch.int32, device=device)
+        bt = torch.zeros(rows // rows_per_req, pages, dtype=torch.int32, device=device)
         lengths = torch.full((rows,), width * caps.compress_ratio, dtype=torch.int32, device=device)
         kv = torch.zeros(1, indexer.PAGE, indexer.K_RECORD, dtype=torch.uint8, device=device)
         b = indexer.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=width)
