@@ -1,9 +1,10 @@
 """Per-launch timings of the wide-row top-k (memset, chunk kernel, tie pass) on indexer-like logits.
 
-    python benchmarks/probe_topk.py [rows,width ...]
+    python benchmarks/probe_topk.py [--sweep] [rows,width ...]
 
 Times each launch on its own with CUDA-graph replays over rotated logits (benchmarks/timing.py), so
-a slow step shows up directly. Logits: a random fp8 indexer case scored by run_logits."""
+a slow step shows up directly. --sweep also times run_topk with 2x, 4x, 8x the planner's tiles per
+CTA (fewer, longer CTAs). Logits: scores distributed like the indexer's (see logits_like)."""
 from __future__ import annotations
 
 import math
@@ -32,7 +33,8 @@ def logits_like(rows: int, width: int, g: torch.Generator) -> torch.Tensor:
 
 def main() -> None:
     once = "--once" in sys.argv          # one eager run_topk per case (for Nsight Compute)
-    argv = [a for a in sys.argv[1:] if a != "--once"]
+    sweep = "--sweep" in sys.argv
+    argv = [a for a in sys.argv[1:] if a not in ("--once", "--sweep")]
     cases = [tuple(map(int, a.split(","))) for a in argv] or [(1, 131072), (8, 131072), (32, 131072),
                                                                        (128, 32768), (128, 131072)]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -63,6 +65,13 @@ def main() -> None:
         tt = time_rotated([lambda lg=lg: torch.topk(lg, 2048, dim=-1) for lg in sets])
         print(f"{rows:5d} {width:7d} {tpc:4d} | {memset:7.1f} {chunk_ms:8.1f} {ties:7.1f} {full:8.1f} {tt:7.1f}",
               flush=True)
+        tiles = -(-width // t["wide_tile"])
+        for f in (2, 4, 8) if sweep else ():
+            if tpc * f > tiles:
+                break
+            p.wide_tiles_per_cta = lambda r, w, n=tpc * f: n      # the planner's choice, overridden
+            alt = time_rotated([lambda b=b: ix.run_topk(b) for b in binds])
+            print(f"{rows:5d} {width:7d} {tpc * f:4d} | {'':7} {'':8} {'':7} {alt:8.1f}", flush=True)
 
 
 def _wide_call(b, kernels, which):

@@ -255,6 +255,7 @@ def test_fused_needs_paged():
 # ---- ahead-of-time build ----------------------------------------------------------------------
 AOT_SUBSET = [
     IndexerLogitsSpec(num_heads=64, compress_ratio=1, arch="sm_90a"),
+    IndexerLogitsSpec(num_heads=64, compress_ratio=1, rows_per_unit=2, arch="sm_90a"),
     IndexerLogitsSpec(num_heads=32, mode="contiguous", arch="sm_90a"),
     TopKSpec(k=2048, with_scores=True, arch="sm_90a"),
     IndexerTopKSpec(num_heads=64, compress_ratio=4, arch="sm_90a"),
