@@ -126,7 +126,7 @@ class TopKSpec(KernelSpec):
     slots through a block table; optionally the fp32 scores (-inf where invalid).
 
     `k` is the largest K served: any multiple of 128 up to it runs on the same artifact.
-    `max_width` bounds the row width (it sizes the merge levels the planner may use)."""
+    `max_width` bounds the row width (it sizes the per-CTA tile table of the wide-row kernel)."""
 
     family: ClassVar[str] = "topk"
     template: ClassVar[str] = "topk.py.j2"
