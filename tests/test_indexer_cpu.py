@@ -174,6 +174,27 @@ def _scratch(p):
     return torch.empty(p.scratch_bytes(), dtype=torch.uint8)
 
 
+@pytest.mark.parametrize("rows", (1, 8, 64, 128, 256, 600))
+@pytest.mark.parametrize("width", (16385, 32768, 131072, 262144))
+def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
+    """The CTAs of a row wait for each other: a row's CTAs must all fit one wave of the SMs
+    (or be a single CTA, which waits on no one), and their counts fit the scratch region."""
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=rows, max_width=width, arch="sm_90a", num_sms=132))
+    t = p.tiling
+    tiles = -(-width // t["wide_tile"])
+    tpc = p.wide_tiles_per_cta(rows, width)
+    per_row = -(-tiles // tpc)
+    assert 1 <= tpc <= tiles
+    assert per_row == 1 or rows * per_row <= 132 * t["wide_min_ctas"]
+    assert rows * 2 * per_row <= p.regions["wide_cnt"].numel
+
+
+def test_row_pairs_only_for_even_next_n(plan):
+    assert plan.logits_rows_per_unit(1) == 1 and plan.logits_rows_per_unit(3) == 1
+    assert plan.logits_rows_per_unit(2) == 2 and plan.logits_rows_per_unit(4) == 2
+    assert {s.name for s in plan.specs()} >= {plan.logits_spec.name, plan.logits_pair_spec.name}
+
+
 def test_bind_views_scratch(plan):
     s = _scratch(plan)
     b = ix.bind(plan, scratch=s, **_inputs())
