@@ -333,13 +333,18 @@ def _outputs(b: Binding) -> tuple:
     return (b.indices, b.scores) if b.plan.caps.with_scores else (b.indices,)
 
 
+def _row_args(b: Binding) -> tuple:
+    """(starts, max_len, block_table, ratio) of the top-k launches; placeholders where the binding
+    has none (their flags tell the kernels not to read them)."""
+    dummy = _dummy(b)
+    return (b.starts if b.starts is not None else dummy, b.max_len if b.max_len is not None else dummy,
+            b.block_table if b.block_table is not None else dummy.view(1, -1),
+            b.plan.caps.compress_ratio if b.plan.caps.mode == "paged" else 1)
+
+
 def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch) -> None:
     """Launch the steps; candidates ping-pong between scratch buffers a and b."""
-    dummy = _dummy(b)
-    bt = b.block_table if b.block_table is not None else dummy.view(1, -1)
-    starts = b.starts if b.starts is not None else dummy
-    max_len = b.max_len if b.max_len is not None else dummy
-    ratio = b.plan.caps.compress_ratio if b.plan.caps.mode == "paged" else 1
+    starts, max_len, bt, ratio = _row_args(b)
     src = 0
     for i, st in enumerate(steps):
         out_groups = max(st.groups_out, 1)
@@ -391,32 +396,30 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     return b.indices, b.scores
 
 
-def _wide_args(b: Binding) -> tuple:
-    """Arguments of the wide-row launches (wide_chunk, wide_ties): views of the binding's scratch."""
+def _wide_args(b: Binding) -> tuple[torch.Tensor, tuple]:
+    """(histogram, arguments) of the wide-row launches (wide_chunk, wide_ties): views of the
+    binding's scratch. The histogram view also holds the sync words the chunk CTAs wait on."""
     p = b.plan
     t = p.tiling
     scratch, regions = b.cand[0][0], p.regions
     tpc = p.wide_tiles_per_cta(b.rows, b.width)
-    ctas = -(-(-(-b.width // t["wide_tile"])) // tpc)
-    dummy = _dummy(b)
-    return (b.logits, b.starts if b.starts is not None else dummy, b.lengths,
-            b.max_len if b.max_len is not None else dummy,
-            b.block_table if b.block_table is not None else dummy.view(1, -1),
-            _scratch.view(scratch, regions["wide_hist"], (b.rows, (1 << t["wide_bits"]) + 4)),
-            _scratch.view(scratch, regions["wide_cnt"], (b.rows, 2 * ctas)),
-            _scratch.view(scratch, regions["wide_state"], (b.rows, 4)),
-            _scratch.view(scratch, regions["tie_key"], (b.rows, t["tie_cap"])),
-            _scratch.view(scratch, regions["tie_pos"], (b.rows, t["tie_cap"])),
-            *_outputs(b), b.k, p.caps.compress_ratio if p.caps.mode == "paged" else 1, int(b.starts is not None),
-            int(b.max_len is not None), int(b.physical), b.rows_per_req, tpc)
+    ctas = -(-(-(-b.width // t["wide_tile"])) // tpc)     # CTAs per row: ceil(tiles / tpc)
+    starts, max_len, bt, ratio = _row_args(b)
+    hist = _scratch.view(scratch, regions["wide_hist"], (b.rows, (1 << t["wide_bits"]) + 4))
+    return hist, (b.logits, starts, b.lengths, max_len, bt, hist,
+                  _scratch.view(scratch, regions["wide_cnt"], (b.rows, 2 * ctas)),
+                  _scratch.view(scratch, regions["wide_state"], (b.rows, 4)),
+                  _scratch.view(scratch, regions["tie_key"], (b.rows, t["tie_cap"])),
+                  _scratch.view(scratch, regions["tie_pos"], (b.rows, t["tie_cap"])),
+                  *_outputs(b), b.k, ratio, int(b.starts is not None), int(b.max_len is not None),
+                  int(b.physical), b.rows_per_req, tpc)
 
 
 def _run_wide_topk(b: Binding, kernels) -> None:
     """Rows wider than one chunk: zeroed histogram and sync words, then the chunk CTAs (histogram ->
     threshold bin -> ranked writes) and the per-row tie pass (see topk.py.j2)."""
-    args = _wide_args(b)
-    # The chunk CTAs of a row wait on counters next to the histogram: zero on every call.
-    args[5].zero_()     # a memset node under graph capture; allocates nothing
+    hist, args = _wide_args(b)
+    hist.zero_()        # the sync words must start at zero on every call; a memset node under capture
     kernels["wide_chunk"](*args)
     kernels["wide_ties"](*args)
 

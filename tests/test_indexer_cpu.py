@@ -189,6 +189,19 @@ def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     assert rows * 2 * per_row <= p.regions["wide_cnt"].numel
 
 
+def test_wide_topk_arguments_are_views_of_scratch():
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=3, max_width=50000, arch="sm_90a", num_sms=132))
+    s = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+    b = ix.bind(p, scratch=s, lengths=torch.full((3,), 50000, dtype=torch.int32), width=50000)
+    hist, args = ix._wide_args(b)
+    lo, hi = s.data_ptr(), s.data_ptr() + s.numel()
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    assert args[5] is hist and hist.shape == (3, (1 << p.tiling["wide_bits"]) + 4)
+    # everything but the caller's lengths (also the placeholder for absent inputs) lives in scratch
+    assert all(lo <= t.data_ptr() < hi for t in tensors if t.data_ptr() != b.lengths.data_ptr())
+    assert args[-1] == p.wide_tiles_per_cta(3, 50000)
+
+
 def test_row_pairs_only_for_even_next_n(plan):
     assert plan.logits_rows_per_unit(1) == 1 and plan.logits_rows_per_unit(3) == 1
     assert plan.logits_rows_per_unit(2) == 2 and plan.logits_rows_per_unit(4) == 2
