@@ -127,13 +127,13 @@ class IndexerPlan:
     def scratch_bytes(self) -> int:
         return _scratch.total_bytes(self.regions)
 
-    def pages_per_cta(self, rows: int, width: int, rows_per_unit: int = 1) -> int:
+    def pages_per_cta(self, rows: int, width: int) -> int:
         """Logits work split. sm_90a: (row group, page) units per CTA of the persistent grid, sized
         so that one wave of the resident CTAs covers all units evenly (`rows` counts row groups).
         Elsewhere: pages per CTA of the (row, page-run) grid, about 8 CTAs per SM."""
         pages = max(1, -(-width // PAGE))
         if self.arch == "sm_90a":
-            slots = self.num_sms * logits_ctas_per_sm(self.caps.num_heads, self.arch, rows_per_unit)
+            slots = self.num_sms * logits_ctas_per_sm(self.caps.num_heads, self.arch)
             return max(1, -(-(rows * pages) // slots))
         return max(1, -(-(rows * pages) // (8 * self.num_sms)))
 
@@ -283,7 +283,7 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
     g = plan.logits_rows_per_unit(rows_per_req)
     return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
                    block_table, rows_per_req, max_len, physical, logits, indices, scores, cand,
-                   plan.pages_per_cta(rows // g, width, g))
+                   plan.pages_per_cta(rows // g, width))
 
 
 def check_kv_cache(kv_cache, mode: str, device: torch.device) -> None:

@@ -37,20 +37,19 @@ def topk_tiling(arch: str) -> dict:
             "tie_cap": chunk}
 
 
-def logits_ctas_per_sm(num_heads: int, arch: str, rows_per_unit: int = 1) -> int:
+def logits_ctas_per_sm(num_heads: int, arch: str) -> int:
     """Resident logits CTAs per SM the kernel is compiled for and the planner sizes its persistent
-    grid by. sm_90a: 4 CTAs x (q tile + 5 cp.async stages of a page), ~50 KB of shared memory each
-    (~110 registers); with row pairs, 3 CTAs x (2 q tiles + 6 stages): the n = 2 Hi accumulators
-    of one wgmma chain need more than 128 registers. Elsewhere q's mma.sync fragments stay in registers
-    (register-bound)."""
+    grid by. sm_90a: 4 CTAs x (q tiles + cp.async stages of a page), both wgmma operands in shared
+    memory: ~94 registers, 128 with row pairs (their 64 accumulators). Elsewhere q's mma.sync
+    fragments stay in registers (register-bound)."""
     if arch == "sm_90a":
-        return 4 if rows_per_unit == 1 else 3
+        return 4
     return {8: 6, 16: 4, 32: 3, 64: 3}[num_heads]
 
 
 def logits_stages(rows_per_unit: int) -> int:
-    """cp.async page stages of the sm_90a logits kernel (see logits_ctas_per_sm)."""
-    return 5 if rows_per_unit == 1 else 6
+    """cp.async page stages of the sm_90a logits kernel: 4 CTAs x (q tiles + stages) fit in 227 KB."""
+    return 5 if rows_per_unit == 1 else 4
 
 
 def _check_index_fields(c: str, spec) -> None:
@@ -115,7 +114,7 @@ class IndexerLogitsSpec(KernelSpec):
     def template_context(self) -> dict:
         return {"num_heads": self.num_heads, "head_dim": self.index_head_dim, "compress_ratio": self.compress_ratio,
                 "mode": self.mode, "page_size": self.page_size, "arch": self.arch,
-                "warps": 4, "min_ctas": logits_ctas_per_sm(self.num_heads, self.arch, self.rows_per_unit),
+                "warps": 4, "min_ctas": logits_ctas_per_sm(self.num_heads, self.arch),
                 "rows_per_unit": self.rows_per_unit, "nbuf": logits_stages(self.rows_per_unit)}
 
 
