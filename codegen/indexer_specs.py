@@ -23,18 +23,20 @@ _SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
 def topk_tiling(arch: str) -> dict:
     """Top-k tile parameters (pure Python, shared by the templates and the planner).
 
-    chunk:     logits one CTA selects from in shared memory (u32 keys), the first stage.
-    merge_cap: candidates one merge CTA holds (u32 key + i32 position each).
-    threads:   CTA size of the select kernels.
+    chunk:     widest row selected by one CTA from shared memory (u32 keys): chunk_final.
+    chunk_threads: its CTA size (sm_90a: 32K keys = 128 KB, one CTA of 1024 threads per SM).
+    merge_cap: candidates one merge CTA holds (u32 key + i32 position each), fused path.
+    threads:   CTA size of the merge kernels.
     bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys).
     wide_*:    rows wider than `chunk`: logits per tile, CTA size, resident CTAs per SM and
                histogram bits of the threshold kernel; tie_cap keys of the threshold bin fit one
                CTA's shared memory."""
-    chunk = 16384 if arch == "sm_90a" else 8192
-    return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
+    merge = 16384 if arch == "sm_90a" else 8192
+    return {"chunk": 2 * merge if arch == "sm_90a" else merge, "chunk_threads": 1024 if arch == "sm_90a" else 512,
+            "merge_cap": merge, "threads": 512, "bins": 2048,
             "fused_chunk": 8192, "fused_warps": 16,
             "wide_tile": 4096, "wide_threads": 256, "wide_min_ctas": 4, "wide_bits": 12,
-            "tie_cap": chunk}
+            "tie_cap": merge}
 
 
 def logits_ctas_per_sm(num_heads: int, arch: str) -> int:

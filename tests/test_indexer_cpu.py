@@ -175,7 +175,7 @@ def _scratch(p):
 
 
 @pytest.mark.parametrize("rows", (1, 8, 64, 128, 256, 600))
-@pytest.mark.parametrize("width", (16385, 32768, 131072, 262144))
+@pytest.mark.parametrize("width", (32769, 65536, 131072, 262144))   # wider than one chunk (32K on sm_90a)
 def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     """The CTAs of a row wait for each other: a row's CTAs must all fit one wave of the SMs
     (or be a single CTA, which waits on no one), and their counts fit the scratch region."""

@@ -160,7 +160,7 @@ def distinct_logits(rows, width, seed):
     return vals
 
 
-WIDTHS = (1, 100, 2048, 8191, 16384, 16385, 65536, 131072, 262144)
+WIDTHS = (1, 100, 2048, 8191, 16384, 16385, 32768, 32769, 65536, 131072, 262144)   # both sides of the chunk (32K on sm_90a)
 
 
 @pytest.mark.parametrize("k", (512, 1024, 2048))
@@ -202,9 +202,10 @@ def test_topk_any_multiple_of_128_and_ties(k):
         assert torch.equal(scores[r], logits[r, idx[r].long()])
 
 
-@pytest.mark.parametrize("width", (16385, 50000, 131072))
+@pytest.mark.parametrize("width", (16385, 32769, 50000, 131072))
 def test_topk_wide_rows_with_starts(width):
-    """Rows wider than one chunk with [start, end) bounds: starts mid-chunk, near the end, past it."""
+    """Rows with [start, end) bounds, one chunk (<= 32K on sm_90a) and wider: starts mid-chunk, near
+    the end, past it."""
     rows, k = 6, 2048
     logits = torch.randn(rows, width, device="cuda", generator=_gen(width))       # near-continuous scores
     starts = torch.tensor([0, 4095, 4097, width - 3000, width - 100, width], dtype=torch.int32, device="cuda")
