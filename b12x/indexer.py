@@ -137,6 +137,12 @@ class IndexerPlan:
             return max(1, -(-(rows * pages) // slots))
         return max(1, -(-(rows * pages) // (8 * self.num_sms)))
 
+    def row_final(self, rows: int, width: int) -> bool:
+        """Whether rows of `width` logits wider than one chunk are selected one CTA per row
+        (row_final) instead of by the wide top-k: enough of them to fill the SMs, narrow enough."""
+        t = self.tiling
+        return t["chunk"] < width <= t["row_chunk"] and rows >= t["row_min_rows"]
+
     def wide_tiles_per_cta(self, rows: int, width: int) -> int:
         """Tiles per wide top-k CTA: the fewest that keep the grid within one wave of resident
         CTAs (the CTAs of a row wait for each other, so they must all be resident)."""
@@ -383,10 +389,12 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         return b.indices, b.scores
     t = p.tiling
     kernels = p.kernels("topk")
-    if b.width > t["chunk"]:
+    row = p.row_final(b.rows, b.width)
+    if b.width > t["chunk"] and not row:
         _run_wide_topk(b, kernels)
         return b.indices, b.scores
-    steps = topk_schedule(b.width, b.k, t["chunk"], t["merge_cap"], "chunk")
+    # one CTA per row selects from its logits in shared memory
+    steps = [TopKStep("row_final" if row else "chunk_final", 0, 1, 1)]
 
     def first(st, outs, bt, starts, max_len, ratio):
         kernels[st.entry](b.logits, starts, b.lengths, max_len, bt, *outs, *outs, *_outputs(b), b.k, ratio,

@@ -112,7 +112,9 @@ def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: 
     if scratch is None:
         scratch = torch.empty(max(p.scratch_bytes() for p in plans.values()), dtype=torch.uint8, device=device)
     ran = []
-    widths = sorted({min(caps.max_width, base.tiling["chunk"]), caps.max_width})
+    t = base.tiling
+    widths = sorted({min(caps.max_width, t["chunk"]), min(caps.max_width, max(t["chunk"], t["row_chunk"])),
+                     caps.max_width})
     with torch.cuda.device(device):
         for name, p in plans.items():
             for rows in sorted({1, caps.max_batched}):

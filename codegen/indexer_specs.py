@@ -24,19 +24,21 @@ def topk_tiling(arch: str) -> dict:
     """Top-k tile parameters (pure Python, shared by the templates and the planner).
 
     chunk:     widest row selected by one CTA from shared memory (u32 keys): chunk_final.
-    chunk_threads: its CTA size (sm_90a: 32K keys = 128 KB, one CTA of 1024 threads per SM).
+    row_chunk, row_threads, row_min_rows: sm_90a also selects rows up to row_chunk logits in one
+               CTA (128 KB of keys, one 1024-thread CTA per SM: row_final) when there are at least
+               row_min_rows of them; fewer such rows leave SMs idle and take the wide top-k instead.
     merge_cap: candidates one merge CTA holds (u32 key + i32 position each), fused path.
-    threads:   CTA size of the merge kernels.
+    threads:   CTA size of chunk_final and the merge kernels.
     bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys).
     wide_*:    rows wider than `chunk`: logits per tile, CTA size, resident CTAs per SM and
                histogram bits of the threshold kernel; tie_cap keys of the threshold bin fit one
                CTA's shared memory."""
-    merge = 16384 if arch == "sm_90a" else 8192
-    return {"chunk": 2 * merge if arch == "sm_90a" else merge, "chunk_threads": 1024 if arch == "sm_90a" else 512,
-            "merge_cap": merge, "threads": 512, "bins": 2048,
+    chunk = 16384 if arch == "sm_90a" else 8192
+    return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
+            "row_chunk": 32768 if arch == "sm_90a" else 0, "row_threads": 1024, "row_min_rows": 64,
             "fused_chunk": 8192, "fused_warps": 16,
             "wide_tile": 4096, "wide_threads": 256, "wide_min_ctas": 4, "wide_bits": 12,
-            "tie_cap": merge}
+            "tie_cap": chunk}
 
 
 def logits_ctas_per_sm(num_heads: int, arch: str) -> int:

@@ -175,7 +175,7 @@ def _scratch(p):
 
 
 @pytest.mark.parametrize("rows", (1, 8, 64, 128, 256, 600))
-@pytest.mark.parametrize("width", (32769, 65536, 131072, 262144))   # wider than one chunk (32K on sm_90a)
+@pytest.mark.parametrize("width", (16385, 32768, 131072, 262144))
 def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     """The CTAs of a row wait for each other: a row's CTAs must all fit one wave of the SMs
     (or be a single CTA, which waits on no one), and their counts fit the scratch region."""
@@ -316,3 +316,19 @@ def test_aot_build_without_gpu(tmp_cache):
             assert rep["registers"] and rep["registers"] <= 255, (r.spec.name, name, rep)
             # the h64 logits kernel runs at 3 CTAs/SM (<= 168 registers) and may spill a few bytes
             assert rep["spill_bytes"] <= 32, f"{r.spec.name}/{name} spills {rep['spill_bytes']} bytes"
+
+
+@pytest.mark.parametrize("arch", ("sm_90a", "sm_120a"))
+def test_row_final_route(arch):
+    """Rows between one chunk and row_chunk wide go one CTA per row only when there are enough of
+    them to fill the SMs (sm_90a); otherwise, and above row_chunk, the wide top-k takes them."""
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=256, max_width=65536, arch=arch, num_sms=132))
+    t = p.tiling
+    many, few = t["row_min_rows"], t["row_min_rows"] - 1
+    assert not p.row_final(many, t["chunk"])                       # one chunk: chunk_final
+    if arch == "sm_90a":
+        assert p.row_final(many, t["chunk"] + 1) and p.row_final(256, t["row_chunk"])
+        assert not p.row_final(few, t["chunk"] + 1)
+        assert not p.row_final(many, t["row_chunk"] + 1)
+    else:
+        assert t["row_chunk"] == 0 and not p.row_final(many, t["chunk"] + 1)

@@ -160,7 +160,7 @@ def distinct_logits(rows, width, seed):
     return vals
 
 
-WIDTHS = (1, 100, 2048, 8191, 16384, 16385, 32768, 32769, 65536, 131072, 262144)   # both sides of the chunk (32K on sm_90a)
+WIDTHS = (1, 100, 2048, 8191, 16384, 16385, 32768, 32769, 65536, 131072, 262144)   # both sides of chunk and row_chunk
 
 
 @pytest.mark.parametrize("k", (512, 1024, 2048))
@@ -184,6 +184,25 @@ def test_topk_matches_torch(k, width):
     ix.run_topk(b)
     torch.cuda.synchronize()
     assert torch.equal(idx, idx1) and torch.equal(scores, sc1)
+
+
+@pytest.mark.parametrize("k", (512, 2048))
+@pytest.mark.parametrize("width", (16385, 20000, 32768))
+def test_topk_row_final_many_rows(k, width):
+    """Enough rows between one chunk and row_chunk wide take row_final (one CTA per row): the same
+    exact sets, short and empty rows included, and the same physical-slot semantics."""
+    p = make_plan(k=k, rows=80, width=width)
+    rows = p.tiling["row_min_rows"] + 3
+    assert p.row_final(rows, width)
+    logits = distinct_logits(rows, width, seed=width + k + 1)
+    ends = torch.randint(0, width + 1, (rows,), device="cuda", generator=_gen(k + 1), dtype=torch.int32)
+    ends[0], ends[1], ends[2] = width, min(width, k // 2), 0
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    torch.cuda.synchronize()
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref_idx, _ = topk_reference(logits, k, ends)
+    check_topk_sets(idx, scores, ref_idx, logits)
 
 
 @pytest.mark.parametrize("k", (128, 384, 2048))
