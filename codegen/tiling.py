@@ -14,6 +14,8 @@ _FP8_RECORD = 656  # fp8_ds_mla bytes per token
 
 # sm_90a 64-head blocks on wgmma (see decode_tiling). Switch for the experimental path.
 WGMMA_ENABLED = True
+# sm_90a (mode, heads) pairs whose 16/32-head blocks run wgmma with the heads as N.
+HEADS_AS_N = {("extend", 32)}
 
 
 def _align(n: int, a: int) -> int:
@@ -48,6 +50,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
                  wgmma 64x32x16 from smem Q/K, and O[:, 256g:256g+256] += P V with wgmma
                  64x256x16, P from smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
+    heads_as_n:  sm_90a, 16/32-head blocks listed in HEADS_AS_N: wgmma with the operands
+                 swapped, S^T = K Q^T (64 tokens x heads) and O^T = V^T P^T (512 dims x
+                 heads), one warpgroup, so 16 or 32 heads fill N instead of padding M to 64.
     """
     if num_heads not in (16, 32, 64, 128):
         raise ValueError(f"num_heads must be 16, 32, 64 or 128, got {num_heads}")
@@ -81,6 +86,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             # slower this way: 3070 -> 3495 µs (148 registers: one CTA per SM), 3578 µs with the
             # registers held to 128 so that two CTAs fit.
             tile_tokens = 32
+        if (mode, num_heads) in HEADS_AS_N:
+            # one warpgroup: M = 64 tokens for S^T, 8 blocks of 64 value dims for O^T
+            tile_tokens = 64
+            warps_m, warps_n = 4, 1
+            raw_stages = {32: 2, 16: 3}[head_block] if fp8 else 0
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
         head_block = 16
@@ -92,8 +102,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
 
     # Hopper warpgroup MMA for 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns).
-    wgmma = arch == "sm_90a" and head_block == 64 and WGMMA_ENABLED
-    smem = _smem_bytes(head_block, tile_tokens, stages, warps_n, raw_stages)
+    heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
+    wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
+    smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages)
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     return {
@@ -108,4 +119,5 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "combine_heads": 4,
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
+        "heads_as_n": heads_as_n,
     }
