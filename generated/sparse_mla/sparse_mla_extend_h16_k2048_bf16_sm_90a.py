@@ -21,6 +21,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
 # ---- spec (fixed at render time) -------------------------------------------------------------
 NUM_HEADS = 16
@@ -37,19 +39,19 @@ FP8_ROPE_OFF = 528
 
 # ---- tiling (codegen.tiling.decode_tiling) ---------------------------------------------------
 HEAD_BLOCK = 16
-TILE_TOKENS = 32
-WARPS_M = 1
-WARPS_N = 4
+TILE_TOKENS = 64
+WARPS_M = 4
+WARPS_N = 1
 STAGES = 2              # bf16 K tiles in shared memory
 RAW_STAGES = 0      # fp8: raw 656-byte record tiles in flight (cp.async)
 NUM_THREADS = 32 * WARPS_M * WARPS_N
 # sm_90a 64-head blocks: warpgroup MMA (WARPS_M = 4 warps = one warpgroup along heads; warpgroup
 # wn computes S for tokens [wn, wn+1) * TILE_TOKENS / WARPS_N and O for value columns
 # [wn, wn+1) * D_V / WARPS_N). Otherwise warp-level mma.sync m16n8k16 + ldmatrix.
-WGMMA = False
+WGMMA = True
 # sm_90a 16/32-head blocks: wgmma with the heads as N (S^T = K Q^T, O^T = V^T P^T); one
 # warpgroup (WARPS_M = 4 warps along the 64 tokens / 64-dim blocks of M), WARPS_N = 1.
-HEADS_AS_N = False
+HEADS_AS_N = True
 assert not WGMMA or (WARPS_M == 4 and (HEAD_BLOCK == 64 or HEADS_AS_N))
 assert not HEADS_AS_N or (WGMMA and WARPS_N == 1 and TILE_TOKENS == 64)
 
@@ -165,13 +167,12 @@ class SparseMlaDecodeSplit:
         stream,
     ):
         # Shared memory: Q for the head block, STAGES gathered K tiles, P, and small arrays.
-        sQ_layout = cute.tile_to_shape(_swizzled_atom(64), (HEAD_BLOCK, D_QK), (0, 1))
-        sK_layout = cute.tile_to_shape(
-            _swizzled_atom(64), (TILE_TOKENS, D_QK, STAGES), (0, 1, 2)
-        )
-        sP_layout = cute.tile_to_shape(
-            _swizzled_atom(min(TILE_TOKENS, 64)), (HEAD_BLOCK, TILE_TOKENS), (0, 1)
-        )
+        # wgmma: 128-byte-swizzled K-major atoms (8 rows x 64 bf16). The same K tile is the
+        # K-major B operand of S = Q K^T and, viewed transposed, the MN-major B operand V of O.
+        atom_k = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        sQ_layout = cute.tile_to_shape(atom_k, (HEAD_BLOCK, D_QK), (0, 1))
+        sK_layout = cute.tile_to_shape(atom_k, (TILE_TOKENS, D_QK, STAGES), (0, 1, 2))
+        sP_layout = cute.tile_to_shape(atom_k, (HEAD_BLOCK, TILE_TOKENS), (0, 1))
 
         @cute.struct
         class SharedStorage:
@@ -183,18 +184,8 @@ class SparseMlaDecodeSplit:
             # cross-warp row max / row sum exchange
             sRed: cute.struct.Align[cute.struct.MemRange[Float32, RED_SLOTS], 16]
 
-        # Warp MMA over WARPS_M warps along heads; warps along N pick their own slice of smem.
-        tiled_mma = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
-            (WARPS_M, 1, 1),
-            permutation_mnk=(WARPS_M * 16, 16, 16),
-        )
-        # S = Q K^T: same warps; N tile of 8 when a warp owns only 8 tokens
-        tiled_mma_s = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
-            (WARPS_M, 1, 1),
-            permutation_mnk=(WARPS_M * 16, 16 if self.tokens_per_warp % 16 == 0 else 8, 16),
-        )
+        # One warpgroup per (64 heads) x (its token half for S | its value-column half for O).
+        tiled_mma_s, tiled_mma = self.make_wg_mmas()
         # Extend: one CTA per (head block, row) over the whole row; the grid is the capacity.
         grid = (1, NUM_HEADS // HEAD_BLOCK, cute.size(mQ.shape[0]))
         self.kernel(
@@ -262,9 +253,10 @@ class SparseMlaDecodeSplit:
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sK = storage.sK.get_tensor(sK_layout)
-        sP = storage.sP.get_tensor(sP_layout)
+        # wgmma descriptors want the swizzle on the pointer and an affine layout
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sBias = storage.sBias.get_tensor(cute.make_layout(BIAS_SLOTS * TILE_TOKENS))
         sRed = storage.sRed.get_tensor(cute.make_layout(RED_SLOTS))
 
@@ -302,13 +294,9 @@ class SparseMlaDecodeSplit:
 
         # ---- per-thread MMA state -----------------------------------------------------------
         thr_mma = tiled_mma.get_slice(mma_tidx)
-        # O accumulators as one fragment per 16 value columns: the B operand of each chunk is
-        # loaded right before its MMAs, so B never competes with O for registers.
-        acc_O = []
-        for _ in cutlass.range_constexpr(self.dims_per_warp // 16):
-            acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((HEAD_BLOCK, 16)), Float32)
-            acc.fill(0.0)
-            acc_O.append(acc)
+        # wgmma: one 64 x (D_V / WARPS_N) accumulator per warpgroup (128 f32 per thread).
+        acc_O = [cute.make_rmem_tensor(self.o_acc_shape(thr_mma), Float32)]
+        acc_O[0].fill(0.0)
         row_max = cute.make_rmem_tensor((ROW_VALS,), Float32)   # raw q.k max of this thread's rows (heads)
         row_sum = cute.make_rmem_tensor((ROW_VALS,), Float32)   # this thread's partial sums of 2^(s - max)
         row_max.fill(-Float32.inf)
@@ -325,15 +313,19 @@ class SparseMlaDecodeSplit:
             # Tile t (and Q) landed for this thread; the barrier publishes every thread's part,
             # and guarantees everyone finished tile t-1, whose stage we now overwrite.
             cute.arch.cp_async_wait_group(0)
+            cute.arch.fence_view_async_shared()     # Q and K (cp.async) are read by wgmma
             cute.arch.sync_threads()
+            # S of tile t runs on the tensor cores while this thread issues the gather of t + 1
+            acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
             if t + 1 < n_tiles:
                 self.gather_bf16(mKV, sK[None, None, 1 - stage], sBias, 1 - stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx)
                 cute.arch.cp_async_commit_group()
                 self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
 
-            self.compute_tile(
-                tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, stage], sP, sBias, sRed, stage, wn, lane,
-                acc_O, row_max, row_sum, sm_scale_log2,
+            self.compute_tile_wg(
+                thr_mma, sKs=sK[None, None, stage], sP=sP, sBias=sBias, sRed=sRed, stage=stage,
+                wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                sm_scale_log2=sm_scale_log2,
             )
 
         cute.arch.cp_async_wait_group(0)
@@ -396,116 +388,147 @@ class SparseMlaDecodeSplit:
                 for k in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
                     tKsK[None, m, k].fill(0.0)
 
-    # ------------------------------------------------------------------------------------------
+
+    def make_wg_mmas(self):
+        """(S^T = K Q^T, O^T = V^T P^T): M = 64 tokens | 64 value dims per wgmma, N = heads.
+        The K tile is the K-major A of S^T and, viewed transposed, the MN-major A (V^T) of O^T."""
+        mma_s = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (1, 1, 1), (TILE_TOKENS, HEAD_BLOCK),
+        )
+        mma_o = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, OperandMajorMode.MN, OperandMajorMode.K, Float32,
+            (1, 1, 1), (64, HEAD_BLOCK),
+        )
+        return mma_s, mma_o
+
+    def o_acc_shape(self, thr_mma):
+        """O^T accumulator: 512 value dims x HEAD_BLOCK heads over the warpgroup."""
+        return thr_mma.partition_shape_C((D_V, HEAD_BLOCK))
+
     @cute.jit
-    def compute_tile(
-        self, tiled_mma_s, tiled_mma, thr_mma, sQ, sKs, sP, sBias, sRed, stage, wn, lane,
-        acc_O, row_max, row_sum, sm_scale_log2,
+    def issue_s_wg(self, thr_mma, sQ, sKs, wn):
+        """Issue S^T = K Q^T (wgmma 64 x HEAD_BLOCK x 16, K and Q from smem) over the whole
+        tile and commit it; compute_tile_wg waits for it."""
+        mma_s, _ = self.make_wg_mmas()     # fresh: its ACCUMULATE field is set here
+        thr_mma_s = mma_s.get_slice(thr_mma.thr_idx)
+        tSrK = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sKs))
+        tSrQ = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sQ))
+        acc_S = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((TILE_TOKENS, HEAD_BLOCK)), Float32)
+        mma_s.set(warpgroup.Field.ACCUMULATE, False)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+            cute.gemm(mma_s, acc_S, tSrK[None, None, k], tSrQ[None, None, k], acc_S)
+            mma_s.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        return acc_S
+
+    @cute.jit
+    def compute_tile_wg(
+        self, thr_mma, sKs, sP, sBias, sRed, stage, wn, lane,
+        acc_S, acc_O, row_max, row_sum, sm_scale_log2,
     ):
-        """S = Q K^T for this warp's tokens, online softmax, P -> smem, O += P V."""
-        thr_mma_s = tiled_mma_s.get_slice(thr_mma.thr_idx)
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16)
-        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), BFloat16)
-        copy_A = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(thr_mma.thr_idx)
-        # K fragments of S: ldmatrix.x4 covers 16 tokens x 16 dims, .x2 covers 8 tokens
-        ldsm_k = cute.make_copy_atom(
-            warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4 if self.tokens_per_warp % 16 == 0 else 2),
-            BFloat16,
-        )
-        copy_B = cute.make_tiled_copy_B(ldsm_k, tiled_mma_s).get_slice(thr_mma.thr_idx)
-        tiled_copy_Bt = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-        copy_Bt = tiled_copy_Bt.get_slice(thr_mma.thr_idx)
+        """Wait for S^T (issue_s_wg), online softmax per head (a column of S^T: the column max
+        is reduced over the 8 lanes that share a head and over the 4 warps through sRed),
+        P -> smem as [head, token], O^T += V^T P^T (8 x wgmma 64 x HEAD_BLOCK x 16 per 16
+        tokens). row_max / row_sum hold this thread's HEAD_BLOCK / 4 heads."""
+        mma_s, mma_o = self.make_wg_mmas()
+        thr_mma_s = mma_s.get_slice(thr_mma.thr_idx)
+        thr_mma_o = mma_o.get_slice(thr_mma.thr_idx)
+        warp_m = thr_mma.thr_idx // 32
 
-        # ---- S = Q K^T over this warp's TILE_TOKENS / WARPS_N tokens -------------------------
-        sK_w = cute.local_tile(sKs, (self.tokens_per_warp, D_QK), (wn, 0))
-        tSrQ = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sQ))
-        tSrK = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sK_w))
-        tSsQ = copy_A.partition_S(sQ)
-        tSsK = copy_B.partition_S(sK_w)
-        tSrQ_v = copy_A.retile(tSrQ)
-        tSrK_v = copy_B.retile(tSrK)
-        acc_S = cute.make_rmem_tensor(
-            thr_mma_s.partition_shape_C((HEAD_BLOCK, self.tokens_per_warp)), Float32
-        )
-        acc_S.fill(0.0)
-        n_k = cute.size(tSsQ.shape[2])
-        cute.copy(copy_A, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
-        cute.copy(copy_B, tSsK[None, None, 0], tSrK_v[None, None, 0])
-        for k in cutlass.range_constexpr(n_k):
-            if const_expr(k + 1 < n_k):
-                cute.copy(copy_A, tSsQ[None, None, k + 1], tSrQ_v[None, None, k + 1])
-                cute.copy(copy_B, tSsK[None, None, k + 1], tSrK_v[None, None, k + 1])
-            cute.gemm(tiled_mma_s, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+        warpgroup.wait_group(0)
 
-        # ---- mask and row max ------------------------------------------------------------
-        acc_S_mn = _mn_view(acc_S)
-        cS = cute.make_identity_tensor((HEAD_BLOCK, self.tokens_per_warp))
+        # ---- mask and column (head) max -----------------------------------------------------
+        acc_S_mn = _mn_view(acc_S)                 # (2 tokens, HEAD_BLOCK / 4 heads)
+        cS = cute.make_identity_tensor((TILE_TOKENS, HEAD_BLOCK))
         tScS_mn = _mn_view(thr_mma_s.partition_C(cS))
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            bias = sBias[stage * TILE_TOKENS + wn * self.tokens_per_warp + tScS_mn[0, c][1]]
-            for r in cutlass.range_constexpr(2):
+        n_heads = cute.size(acc_S_mn, mode=[1])
+        for r in cutlass.range_constexpr(2):
+            bias = sBias[stage * TILE_TOKENS + tScS_mn[r, 0][0]]
+            for c in cutlass.range_constexpr(n_heads):
                 acc_S_mn[r, c] = acc_S_mn[r, c] + bias
-        tile_max = cute.make_rmem_tensor((2,), Float32)
-        for r in cutlass.range_constexpr(2):
-            mx = acc_S_mn[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max[r] = _quad_allreduce(mx, True)
-        if const_expr(WARPS_N > 1):
-            # all warps along N must agree on the running max of a row
-            if lane % 4 == 0:
-                for r in cutlass.range_constexpr(2):
-                    sRed[wn * HEAD_BLOCK + tScS_mn[r, 0][0]] = tile_max[r]
-            cute.arch.sync_threads()
-            for r in cutlass.range_constexpr(2):
-                for w in cutlass.range_constexpr(WARPS_N):
-                    tile_max[r] = cute.arch.fmax(tile_max[r], sRed[w * HEAD_BLOCK + tScS_mn[r, 0][0]])
+        tile_max = cute.make_rmem_tensor((n_heads,), Float32)
+        for c in cutlass.range_constexpr(n_heads):
+            tile_max[c] = _lanes_allreduce(cute.arch.fmax(acc_S_mn[0, c], acc_S_mn[1, c]), True)
+        if lane < 4:
+            for c in cutlass.range_constexpr(n_heads):
+                sRed[warp_m * HEAD_BLOCK + tScS_mn[0, c][1]] = tile_max[c]
+        cute.arch.sync_threads()
+        for c in cutlass.range_constexpr(n_heads):
+            for w in cutlass.range_constexpr(WARPS_M):
+                tile_max[c] = cute.arch.fmax(tile_max[c], sRed[w * HEAD_BLOCK + tScS_mn[0, c][1]])
 
-        # ---- online softmax in base 2 ----------------------------------------------------
-        for r in cutlass.range_constexpr(2):
-            new_max = cute.arch.fmax(row_max[r], tile_max[r])
-            # an all-masked row keeps max -inf; use 0 so that 2^(-inf - 0) = 0, never NaN
+        # ---- online softmax in base 2, per head ----------------------------------------------
+        acc_O_mn = _mn_view(acc_O[0])              # (16 value dims, HEAD_BLOCK / 4 heads)
+        for c in cutlass.range_constexpr(n_heads):
+            new_max = cute.arch.fmax(row_max[c], tile_max[c])
+            # an all-masked head keeps max -inf; use 0 so that 2^(-inf - 0) = 0, never NaN
             max_scaled = (new_max * sm_scale_log2) if new_max != -Float32.inf else Float32(0.0)
-            corr = cute.math.exp2(row_max[r] * sm_scale_log2 - max_scaled, fastmath=True)
-            p = cute.math.exp2(acc_S_mn[r, None].load() * sm_scale_log2 - max_scaled, fastmath=True)
-            acc_S_mn[r, None] = p
-            row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
-            for acc in acc_O:
-                acc_mn = _mn_view(acc)
-                acc_mn[r, None] = acc_mn[r, None].load() * corr
-            row_max[r] = new_max
+            corr = cute.math.exp2(row_max[c] * sm_scale_log2 - max_scaled, fastmath=True)
+            p = cute.math.exp2(acc_S_mn[None, c].load() * sm_scale_log2 - max_scaled, fastmath=True)
+            acc_S_mn[None, c] = p
+            row_sum[c] = row_sum[c] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            acc_O_mn[None, c] = acc_O_mn[None, c].load() * corr
+            row_max[c] = new_max
 
-        # ---- P (bf16) -> smem, so every warp sees the whole token tile for O = P V --------
-        # Stored element-wise at (head, token) coordinates of the whole swizzled tile: a view of
-        # sP offset by this warp's first token would place the offset inside the swizzle.
+        # ---- P (bf16) -> smem as [head, token]: the K-major B operand of O^T ---------------
         for r in cutlass.range_constexpr(2):
-            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                sP[tScS_mn[r, c][0], wn * self.tokens_per_warp + tScS_mn[r, c][1]] = (
-                    acc_S_mn[r, c].to(BFloat16)
-                )
+            for c in cutlass.range_constexpr(n_heads):
+                sP[tScS_mn[r, c][1], tScS_mn[r, c][0]] = acc_S_mn[r, c].to(BFloat16)
+        cute.arch.fence_view_async_shared()     # P (st.shared) is read by wgmma
         cute.arch.sync_threads()
 
-        # ---- O += P V over all tile tokens, this warp's 512 / WARPS_N value columns -------
+        # ---- O^T += V^T P^T over the tile's tokens ------------------------------------------
         sVt = cute.composition(sKs, cute.make_layout((D_V, TILE_TOKENS), stride=(TILE_TOKENS, 1)))
-        # sVt_w starts at a multiple of 64 value columns, i.e. on a swizzle-atom boundary, so it
-        # can be partitioned directly; the 16-column chunks are picked from the partitions.
-        sVt_w = cute.local_tile(sVt, (self.dims_per_warp, TILE_TOKENS), (wn, 0))
-        tOrP = thr_mma.make_fragment_A(thr_mma.partition_A(sP))
-        tOsP = copy_A.partition_S(sP)
-        tOrP_v = copy_A.retile(tOrP)
-        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_w))
-        tOsV = copy_Bt.partition_S(sVt_w)
-        tOrV_v = copy_Bt.retile(tOrV)
-        copy_idx, mma_idx = self.v_chunk_maps(tiled_mma, tiled_copy_Bt)
-        for k in cutlass.range_constexpr(cute.size(tOsP.shape[2])):
-            cute.copy(copy_A, tOsP[None, None, k], tOrP_v[None, None, k])
-            for j in cutlass.range_constexpr(len(acc_O)):
-                # 16 value columns x 16 tokens of V^T via one ldmatrix.x4.trans, used at once
-                cute.copy(copy_Bt, tOsV[None, copy_idx[j], k], tOrV_v[None, copy_idx[j], k])
-                for h in cutlass.range_constexpr(2):
-                    acc_h = _with_unit_mode(acc_O[j][None, None, h])
-                    cute.gemm(
-                        tiled_mma, acc_h, tOrP[None, None, k],
-                        _with_unit_mode(tOrV[None, mma_idx[j][h], k]), acc_h,
-                    )
+        tOrV = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sVt))
+        tOrP = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(sP))
+        mma_o.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
+            cute.gemm(mma_o, acc_O[0], tOrV[None, None, k], tOrP[None, None, k], acc_O[0])
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def head_totals(self, tOcO_mn, sRed, lane, row_sum):
+        """Per-head sums of 2^(s - max): over the 8 lanes holding a head, then over the 4 warps."""
+        warp_m = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n_heads = cute.size(row_sum)
+        total = cute.make_rmem_tensor((n_heads,), Float32)
+        for c in cutlass.range_constexpr(n_heads):
+            total[c] = _lanes_allreduce(row_sum[c], False)
+        cute.arch.sync_threads()      # sRed may still hold the last tile's maxima
+        if lane < 4:
+            for c in cutlass.range_constexpr(n_heads):
+                sRed[warp_m * HEAD_BLOCK + tOcO_mn[0, c][1]] = total[c]
+        cute.arch.sync_threads()
+        for c in cutlass.range_constexpr(n_heads):
+            acc = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS_M):
+                acc = acc + sRed[w * HEAD_BLOCK + tOcO_mn[0, c][1]]
+            total[c] = acc
+        return total
+
+    @cute.jit
+    def epilogue_out(
+        self, thr_mma, mO, mLse, mSink, has_sink, lse_natural, sRed, row, head_blk, wn, lane,
+        acc_O, row_max, row_sum, sm_scale_log2,
+    ):
+        """Extend: normalise O^T per head, apply the sink, write bf16 out and the lse."""
+        tOcO_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((D_V, HEAD_BLOCK))))
+        total = self.head_totals(tOcO_mn, sRed, lane, row_sum)
+        acc_mn = _mn_view(acc_O[0])
+        warp_m = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            head = head_blk * HEAD_BLOCK + tOcO_mn[0, c][1]
+            inv, lse = _finish_head(total[c], row_max[c], sm_scale_log2)
+            inv = self.sink_scale(inv, lse, has_sink, mSink, head)
+            if warp_m == 0 and lane < 4:
+                mLse[row, head] = lse * LN_2 if lse_natural != 0 else lse
+            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                mO[row, head, tOcO_mn[r, c][0]] = (acc_mn[r, c] * inv).to(BFloat16)
 
     def v_chunk_maps(self, tiled_mma, tiled_copy_Bt):
         """Trace-time map from 16-column chunk j of this warp's value columns to the ldmatrix
@@ -535,72 +558,6 @@ class SparseMlaDecodeSplit:
                 inv = inv / (1.0 + cute.math.exp(mSink[head] - lse * LN_2, fastmath=False))
         return inv
 
-    # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def epilogue(
-        self, thr_mma, mPartO, mPartLse, sRed, row, split, head_blk, wn, lane,
-        acc_O, row_max, row_sum, sm_scale_log2,
-    ):
-        """Normalise O, write partial o and lse (base 2) of this split."""
-        cO = cute.make_identity_tensor((HEAD_BLOCK, self.dims_per_warp))
-        tOcO_mn = _mn_view(thr_mma.partition_C(cO))
-        total = self.row_totals(tOcO_mn, sRed, wn, lane, row_sum)
-        gO = cute.local_tile(
-            mPartO[row, split, None, None], (HEAD_BLOCK, self.dims_per_warp), (head_blk, wn)
-        )
-        for r in cutlass.range_constexpr(2):
-            inv, lse = _finish_head(total[r], row_max[r], sm_scale_log2)
-            for acc in acc_O:
-                acc_mn = _mn_view(acc)
-                acc_mn[r, None] = acc_mn[r, None].load() * inv
-            if wn == 0 and lane % 4 == 0:
-                mPartLse[row, split, head_blk * HEAD_BLOCK + tOcO_mn[r, 0][0]] = lse
-        for j in cutlass.range_constexpr(len(acc_O)):
-            cute.autovec_copy(acc_O[j], thr_mma.partition_C(cute.local_tile(gO, (HEAD_BLOCK, 16), (0, j))))
-
-    @cute.jit
-    def epilogue_out(
-        self, thr_mma, mO, mLse, mSink, has_sink, lse_natural, sRed, row, head_blk, wn, lane,
-        acc_O, row_max, row_sum, sm_scale_log2,
-    ):
-        """Extend: the row is complete in this CTA, so write bf16 out, the lse and the sink
-        scaling directly (what combine does for a single split)."""
-        cO = cute.make_identity_tensor((HEAD_BLOCK, self.dims_per_warp))
-        tOcO_mn = _mn_view(thr_mma.partition_C(cO))
-        total = self.row_totals(tOcO_mn, sRed, wn, lane, row_sum)
-        gO = cute.local_tile(mO[row, None, None], (HEAD_BLOCK, self.dims_per_warp), (head_blk, wn))
-        for r in cutlass.range_constexpr(2):
-            head = head_blk * HEAD_BLOCK + tOcO_mn[r, 0][0]
-            inv, lse = _finish_head(total[r], row_max[r], sm_scale_log2)
-            inv = self.sink_scale(inv, lse, has_sink, mSink, head)
-            for acc in acc_O:
-                acc_mn = _mn_view(acc)
-                acc_mn[r, None] = acc_mn[r, None].load() * inv
-            if wn == 0 and lane % 4 == 0:
-                mLse[row, head] = lse * LN_2 if lse_natural != 0 else lse
-        for j in cutlass.range_constexpr(len(acc_O)):
-            rb = cute.make_rmem_tensor_like(acc_O[j], BFloat16)
-            rb.store(acc_O[j].load().to(BFloat16))
-            cute.autovec_copy(rb, thr_mma.partition_C(cute.local_tile(gO, (HEAD_BLOCK, 16), (0, j))))
-
-    @cute.jit
-    def row_totals(self, tOcO_mn, sRed, wn, lane, row_sum):
-        """Row sums of 2^(s - max) over the quad and across the WARPS_N warps."""
-        total = cute.make_rmem_tensor((2,), Float32)
-        for r in cutlass.range_constexpr(2):
-            total[r] = _quad_allreduce(row_sum[r], False)
-        if const_expr(WARPS_N > 1):
-            cute.arch.sync_threads()      # sRed may still hold the last tile's maxima
-            if lane % 4 == 0:
-                for r in cutlass.range_constexpr(2):
-                    sRed[wn * HEAD_BLOCK + tOcO_mn[r, 0][0]] = total[r]
-            cute.arch.sync_threads()
-            for r in cutlass.range_constexpr(2):
-                acc = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS_N):
-                    acc = acc + sRed[w * HEAD_BLOCK + tOcO_mn[r, 0][0]]
-                total[r] = acc
-        return total
 
 
 class SparseMlaDecodeCombine:
