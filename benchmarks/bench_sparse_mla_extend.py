@@ -1,6 +1,6 @@
 """Sparse MLA extend (prefill chunks): b12x vs FlashMLA's SM90 sparse prefill, side by side.
 
-    python benchmarks/bench_sparse_mla_extend.py [--json out.json]
+    python benchmarks/bench_sparse_mla_extend.py [--json out.json] [--sq 4096] [--heads 16,32] [--no-fp8]
 
 Grid: s_q {512, 4096} x heads {16, 32, 64, 128} x top-k 2048. FlashMLA's `flash_mla_sparse_fwd`
 runs bf16 KV with 64 or 128 heads only: at h=16/32 it runs q zero-padded to 64 heads. FlashMLA
@@ -45,13 +45,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--blocks", type=int, default=2048)
+    ap.add_argument("--sq", default="512,4096", help="query rows per call, comma-separated")
+    ap.add_argument("--heads", default="16,32,64,128", help="head counts, comma-separated")
+    ap.add_argument("--no-fp8", action="store_true", help="skip the fp8-KV column")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     pools = {f: make_pool(f, args.blocks, g) for f in RECORD}
     print(f"device: {torch.cuda.get_device_name()}  flashmla: {flashmla.unavailable_reason() or 'available'}")
     rows_out = []
-    for s_q in (512, 4096):
-        for heads in (16, 32, 64, 128):
+    for s_q in map(int, args.sq.split(",")):
+        for heads in map(int, args.heads.split(",")):
             slots = args.blocks * 64
             sets = [(torch.randn(s_q, heads, 576, device="cuda", generator=g).bfloat16(),
                      torch.randint(0, slots, (s_q, TOPK), device="cuda", generator=g, dtype=torch.int32),
@@ -59,13 +62,13 @@ def main() -> int:
             flops = 2.0 * s_q * heads * TOPK * (576 + 512)
             r = {"s_q": s_q, "heads": heads, "topk": TOPK}
             r["ours_bf16_us"] = bench_ours(sets, heads, "bf16", pools["bf16"])
-            r["ours_fp8_us"] = bench_ours(sets, heads, "fp8_ds_mla", pools["fp8_ds_mla"])
+            r["ours_fp8_us"] = None if args.no_fp8 else bench_ours(sets, heads, "fp8_ds_mla", pools["fp8_ds_mla"])
             r["peer_bf16_us"] = None
             if flashmla.available():
                 flat = pools["bf16"].view(-1, 576)
                 r["peer_bf16_us"] = time_rotated([flashmla.prefill_bf16(q, flat, idx, 576 ** -0.5)
                                                   for q, idx, _ in sets], replays=10)
-            for tag in ("bf16", "fp8"):
+            for tag in ("bf16",) if args.no_fp8 else ("bf16", "fp8"):
                 fmt = "bf16" if tag == "bf16" else "fp8_ds_mla"
                 nbytes = s_q * (TOPK * (RECORD[fmt] + 4) + heads * (576 + 512) * 2)
                 r[f"{tag}_tflops"] = flops / r[f"ours_{tag}_us"] / 1e6
@@ -83,8 +86,9 @@ def main() -> int:
         peer = f"{r['peer_bf16_us']:11.1f}" if r["peer_bf16_us"] else f"{'n/a':>11}"
         ratio = f"{r['ratio_bf16']:9.2f}" if r["ratio_bf16"] else f"{'n/a':>9}"
         ptf = f"{r['peer_tflops']:9.1f}" if r["peer_tflops"] else f"{'n/a':>9}"
-        print(f"{r['s_q']:>5} {r['heads']:>4} | {r['ours_bf16_us']:12.1f} {peer} {ratio} {r['bf16_tflops']:7.1f} {ptf} | "
-              f"{r['ours_fp8_us']:11.1f} {r['fp8_tflops']:7.1f} {100 * r['fp8_roofline_share']:5.1f}")
+        fp8 = (f"{r['ours_fp8_us']:11.1f} {r['fp8_tflops']:7.1f} {100 * r['fp8_roofline_share']:5.1f}"
+               if r["ours_fp8_us"] else f"{'n/a':>11}")
+        print(f"{r['s_q']:>5} {r['heads']:>4} | {r['ours_bf16_us']:12.1f} {peer} {ratio} {r['bf16_tflops']:7.1f} {ptf} | {fp8}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),

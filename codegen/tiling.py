@@ -123,4 +123,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
+        # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
+        # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
+        "s_before_gather": not heads_as_n,
     }
