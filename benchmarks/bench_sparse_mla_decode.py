@@ -66,9 +66,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="batch {1, 128} x heads {16, 128}")
     ap.add_argument("--blocks", type=int, default=32768, help="cache pages (32768 x 64 tokens = 1.4 GB fp8)")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (overrides the grid)")
+    ap.add_argument("--heads", default=None, help="comma-separated head counts (overrides the grid)")
     args = ap.parse_args()
     batches = (1, 128) if args.quick else (1, 4, 8, 32, 128)
     heads_list = (16, 128) if args.quick else (16, 32, 64, 128)
+    batches = tuple(map(int, args.batches.split(","))) if args.batches else batches
+    heads_list = tuple(map(int, args.heads.split(","))) if args.heads else heads_list
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  flashmla: {flashmla.unavailable_reason() or 'available'}")
     pools = {f: make_pool(f, args.blocks if f == "fp8_ds_mla" else args.blocks // 2, g) for f in RECORD}
