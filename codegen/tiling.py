@@ -25,10 +25,11 @@ def _align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int, raw_stages: int = 0) -> int:
+def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int, raw_stages: int = 0,
+                p_in_rope: bool = False) -> int:
     q = _align(head_block * _Q_DIM * 2, 1024)
     kv = _align(stages * tile_tokens * _Q_DIM * 2, 1024)
-    p = _align(head_block * tile_tokens * 2, 1024)
+    p = 0 if p_in_rope else _align(head_block * tile_tokens * 2, 1024)
     raw = _align(raw_stages * tile_tokens * _FP8_RECORD, 1024)
     bias_slots = raw_stages + 1 if raw_stages else stages
     small = bias_slots * tile_tokens * 4 + warps_n * head_block * 4
@@ -97,6 +98,16 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             tile_tokens = 64
             warps_m, warps_n = 4, (2 if fp8 else 1)
             raw_stages = {32: 2, 16: 3}[head_block] if fp8 else 0
+            if not fp8 and mode == "extend":
+                # one K stage, P in its RoPE block: two CTAs per SM, one gathers while the other
+                # multiplies (H200 s_q 4096: h=32 2300-2490 -> 2032-2040 µs, h=16 1897 -> 1797-1806;
+                # decode B=32-128 measured 4-19% slower this way and keeps two stages)
+                stages = 1
+            if fp8 and head_block == 16:
+                # records go global -> registers one tile ahead; two bf16 K stages, no raw smem
+                # (H200 vs raw smem: decode B=32 32.2 -> 29.7 µs, B=128 100.1 -> 90.8; extend s_q
+                # 4096 2890 -> 2595. 32 heads measured slower: decode B=128 114 -> 124)
+                stages, raw_stages = 2, 0
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
         head_block = 16
@@ -109,8 +120,10 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA for 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns).
     heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
+    fp8_regs = heads_as_n and fp8 and raw_stages == 0
+    p_in_rope = heads_as_n and not fp8 and stages == 1
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
-    smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages)
+    smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages, p_in_rope)
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     return {
@@ -126,6 +139,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
+        # fp8 with the heads as N: the next tile's records wait in registers (no raw smem) and
+        # are dequantised into the other bf16 K stage while S^T of this tile runs
+        "fp8_regs": fp8_regs,
+        # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM)
+        "p_in_rope": p_in_rope,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
         "s_before_gather": not heads_as_n,
