@@ -393,14 +393,13 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     if b.width > t["chunk"] and not row:
         _run_wide_topk(b, kernels)
         return b.indices, b.scores
-    # one CTA per row selects from its logits in shared memory
-    steps = [TopKStep("row_final" if row else "chunk_final", 0, 1, 1)]
-
-    def first(st, outs, bt, starts, max_len, ratio):
-        kernels[st.entry](b.logits, starts, b.lengths, max_len, bt, *outs, *outs, *_outputs(b), b.k, ratio,
-                          int(b.starts is not None), int(b.max_len is not None), int(b.physical), b.rows_per_req, 1)
-
-    _run_schedule(b, steps, kernels, first)
+    # one CTA per row selects from its logits in shared memory: a single launch, whose candidate
+    # buffers (in and out) are unused placeholders
+    starts, max_len, bt, ratio = _row_args(b)
+    cand = _cand(b, 0, 1)
+    kernels["row_final" if row else "chunk_final"](
+        b.logits, starts, b.lengths, max_len, bt, *cand, *cand, *_outputs(b), b.k, ratio,
+        int(b.starts is not None), int(b.max_len is not None), int(b.physical), b.rows_per_req, 1)
     return b.indices, b.scores
 
 
