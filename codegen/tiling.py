@@ -19,8 +19,6 @@ WGMMA_ENABLED = True
 # decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128
 # within noise.
 HEADS_AS_N = {("extend", 32), ("extend", 16), ("decode", 32), ("decode", 16)}
-# fp8, 16 heads: one warpgroup and one K stage per CTA, two CTAs per SM (see decode_tiling)
-FP8_ONE_STAGE_16 = True
 
 
 def _align(n: int, a: int) -> int:
@@ -106,13 +104,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # decode B=32-128 measured 4-19% slower this way and keeps two stages)
                 stages = 1
             if fp8 and head_block == 16:
-                # records go global -> registers one tile ahead; two bf16 K stages, no raw smem
-                # (H200 vs raw smem: decode B=32 32.2 -> 29.7 µs, B=128 100.1 -> 90.8; extend s_q
-                # 4096 2890 -> 2595. 32 heads measured slower: decode B=128 114 -> 124)
-                stages, raw_stages = 2, 0
-                if FP8_ONE_STAGE_16:
-                    # one warpgroup, one K stage: 95 KB, so two CTAs share an SM
-                    warps_n, stages = 1, 1
+                # records go global -> registers while the tile before is multiplied (no raw
+                # smem), one warpgroup, one K stage: 95 KB, so two CTAs share an SM. H200, decode
+                # B=128: raw smem 100.1 µs -> registers with two stages and 8 warps 90.8 -> this
+                # 82.6-82.8. 32 heads do not fit it (128 O^T accumulators + the prefetch > 255
+                # registers) and measured slower with two stages (B=128 114 -> 124).
+                warps_n, stages, raw_stages = 1, 1, 0
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
         head_block = 16
