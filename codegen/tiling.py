@@ -56,7 +56,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  64x256x16, P from smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
     heads_as_n:  sm_90a, 16/32-head blocks listed in HEADS_AS_N: wgmma with the operands
                  swapped, S^T = K Q^T (64 tokens x heads) and O^T = V^T P^T (512 dims x
-                 heads), one warpgroup, so 16 or 32 heads fill N instead of padding M to 64.
+                 heads), so 16 or 32 heads fill N instead of padding M to 64. warps_n counts
+                 warpgroups here: warpgroup 0 runs S^T and the softmax, each holds 512 / warps_n
+                 value dims of O^T.
+    fp8_regs:    fp8 at 16 heads as N: records go global -> registers, fp16 MMA operands.
+    p_in_rope:   bf16 extend at 16/32 heads as N: P lives in the K stage's RoPE block.
     """
     if num_heads not in (16, 32, 64, 128):
         raise ValueError(f"num_heads must be 16, 32, 64 or 128, got {num_heads}")
@@ -119,8 +123,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         stages = 1 if fp8 else 2
         raw_stages = 2 if fp8 else 0
 
-    # Hopper warpgroup MMA for 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
-    # warps_n = 2 warpgroups along tokens / value columns).
+    # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
+    # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
     fp8_regs = heads_as_n and fp8 and raw_stages == 0
     p_in_rope = heads_as_n and not fp8 and stages == 1
@@ -141,8 +145,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
-        # fp8 with the heads as N: the next tile's records wait in registers (no raw smem) and
-        # are dequantised into the other bf16 K stage while S^T of this tile runs
+        # fp8 at 16 heads as N: the next tile's records travel into registers while this tile
+        # is multiplied (no raw smem), then go to the one fp16 K stage
         "fp8_regs": fp8_regs,
         # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM)
         "p_in_rope": p_in_rope,
