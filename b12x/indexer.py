@@ -410,7 +410,8 @@ def _wide_args(b: Binding) -> tuple[torch.Tensor, tuple]:
     t = p.tiling
     scratch, regions = b.cand[0][0], p.regions
     tpc = p.wide_tiles_per_cta(b.rows, b.width)
-    ctas = -(-(-(-b.width // t["wide_tile"])) // tpc)     # CTAs per row: ceil(tiles / tpc)
+    tiles = -(-b.width // t["wide_tile"])
+    ctas = -(-tiles // tpc)                                # CTAs per row
     starts, max_len, bt, ratio = _row_args(b)
     hist = _scratch.view(scratch, regions["wide_hist"], (b.rows, (1 << t["wide_bits"]) + 4))
     return hist, (b.logits, starts, b.lengths, max_len, bt, hist,
