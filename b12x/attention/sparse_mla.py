@@ -121,7 +121,9 @@ def plan(caps: Caps) -> SparseMLAPlan:
     if caps.mode == "decode":
         # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
         partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
-        layout = [("partial_o", torch.float32, partial_rows * h * NOPE),
+        # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
+        # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
+        layout = [("partial_o", torch.float16, partial_rows * h * NOPE),
                   ("partial_lse", torch.float32, partial_rows * h)] + layout
     else:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
