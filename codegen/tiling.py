@@ -14,6 +14,8 @@ _FP8_RECORD = 656  # fp8_ds_mla bytes per token
 
 # sm_90a 64-head blocks on wgmma (see decode_tiling). Switch for the experimental path.
 WGMMA_ENABLED = True
+# sm_90a fp8 64-head decode blocks: producer warpgroup + two fp16 K stages (see decode_tiling).
+PRODUCER_ENABLED = True
 # sm_90a (mode, heads) pairs whose 16/32-head blocks run wgmma with the heads as N. Measured
 # against the mma.sync kernels (H200, 5508034): extend h=32 s_q 4096 bf16 3080 -> 2238-2298 µs;
 # decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128
@@ -27,6 +29,7 @@ def _align(n: int, a: int) -> int:
 
 def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int, raw_stages: int = 0,
                 p_in_rope: bool = False) -> int:
+    # (P in the RoPE block needs HEAD_BLOCK <= 64: the block is TILE_TOKENS x 64)
     q = _align(head_block * _Q_DIM * 2, 1024)
     kv = _align(stages * tile_tokens * _Q_DIM * 2, 1024)
     p = 0 if p_in_rope else _align(head_block * tile_tokens * 2, 1024)
@@ -59,8 +62,13 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  heads), so 16 or 32 heads fill N instead of padding M to 64. warps_n counts
                  warpgroups here: warpgroup 0 runs S^T and the softmax, each holds 512 / warps_n
                  value dims of O^T.
-    fp8_regs:    fp8 at 16 heads as N: records go global -> registers, fp16 MMA operands.
-    p_in_rope:   bf16 extend at 16/32 heads as N: P lives in the K stage's RoPE block.
+    fp8_regs:    fp8 at 16 heads as N, and the producer form: records go global -> registers,
+                 fp16 MMA operands.
+    producer:    sm_90a, fp8, 64-head blocks (decode and extend): a producer warpgroup loads
+                 records into registers and dequantises them (fp16) into two K stages, while
+                 the warps_m x warps_n MMA warps run S, the softmax and O; P lives in each
+                 stage's RoPE block so Q + two stages fit.
+    p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 16/32 heads as N; producer).
     """
     if num_heads not in (16, 32, 64, 128):
         raise ValueError(f"num_heads must be 16, 32, 64 or 128, got {num_heads}")
@@ -114,6 +122,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # 82.6-82.8. 32 heads do not fit it (128 O^T accumulators + the prefetch > 255
                 # registers) and measured slower with two stages (B=128 114 -> 124).
                 warps_n, stages, raw_stages = 1, 1, 0
+        if fp8 and head_block == 64 and PRODUCER_ENABLED:
+            # the 256-thread loop ran dequant -> S -> softmax -> PV of a tile back to back; a
+            # producer warpgroup overlaps the dequant of t+1 (H200 decode fp8, same run:
+            # h=128 B=128 245.6 -> 220.4 µs, B=32 69.2 -> 62.7, B=8 27.0 -> 25.0; B=1 12.7 -> 12.3)
+            stages, raw_stages = 2, 0
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.
         head_block = 16
@@ -126,10 +139,13 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
-    fp8_regs = heads_as_n and fp8 and raw_stages == 0
-    p_in_rope = heads_as_n and not fp8 and stages == 1
+    producer = arch == "sm_90a" and fp8 and head_block == 64 and stages == 2
+    fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
+    p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
     smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages, p_in_rope)
+    if producer:
+        smem += 1024  # the 4-warp gather of 64 tokens leaves nothing else; slack for alignment
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     return {
@@ -137,7 +153,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "tile_tokens": tile_tokens,
         "warps_m": warps_m,
         "warps_n": warps_n,
-        "num_threads": 32 * warps_m * warps_n,
+        "num_threads": 32 * warps_m * warps_n + (128 if producer else 0),
         "stages": stages,
         "raw_stages": raw_stages,
         "ctas_per_sm": ctas_per_sm,
@@ -148,8 +164,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         # fp8 at 16 heads as N: the next tile's records travel into registers while this tile
         # is multiplied (no raw smem), then go to the one fp16 K stage
         "fp8_regs": fp8_regs,
-        # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM)
+        # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM);
+        # and the producer form's two stages
         "p_in_rope": p_in_rope,
+        # fp8 64-head decode: a producer warpgroup gathers and dequantises into two K stages
+        "producer": producer,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
         "s_before_gather": not heads_as_n,
