@@ -8,12 +8,13 @@
 
 Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
 combine kernel; the number of splits comes from the rows and the SM count, so small batches
-still fill the GPU. `run_decode` allocates nothing and is CUDA-graph capturable.
+still fill the GPU. When the rows alone fill it (one split), decode runs the extend kernel,
+which writes out and lse directly. `run_decode` allocates nothing and is CUDA-graph capturable.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -93,6 +94,12 @@ class SparseMLAPlan:
     @property
     def kernels(self) -> registry.LoadedKernels:
         return registry.resolve(self.spec)
+
+    @property
+    def whole_row_kernels(self) -> registry.LoadedKernels:
+        """The extend kernel of the same caps: decode calls with one split per row run it (it
+        writes out and lse itself: no partials, no combine). Part of the prewarm bundle."""
+        return registry.resolve(replace(self.spec, mode="extend"))
 
     def splits(self, rows: int, width: int) -> tuple[int, int]:
         return split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
@@ -223,7 +230,7 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     binding.plan.kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
                                    sink, binding.num_rows, float(sm_scale) * LOG2E, int(attn_sink is not None),
-                                   int(lse_base == "e"))
+                                   int(lse_base == "e"), 1)
     return binding.out, binding.lse
 
 
@@ -245,11 +252,17 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     q = binding.q
     if q.shape[0] == 0:
         return binding.out, binding.lse
+    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
+    if binding.partial_o.shape[1] == 1:
+        # one split per row: the whole-row kernel writes out and lse directly (every grid row
+        # is live, so its row-count tensor is not read: lengths stands in)
+        p.whole_row_kernels["extend"](q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
+                                      sink, binding.lengths, float(sm_scale) * LOG2E, int(attn_sink is not None),
+                                      int(lse_base == "e"), 0)
+        return binding.out, binding.lse
     k = p.kernels
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
-    # Without a sink the kernel never reads the sink tensor; any [H] fp32 view satisfies the signature.
-    sink = binding.lse[0] if attn_sink is None else attn_sink
     k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse, sink,
                  int(attn_sink is not None), int(lse_base == "e"))
     return binding.out, binding.lse

@@ -50,6 +50,21 @@ def test_edge_cases(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", (16, 128))
+def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
+    """When the rows alone fill the GPU (here: a plan for one SM) a row gets one split, and
+    decode runs the extend kernel, which writes out, lse and the sink itself."""
+    assert sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_batched=4, num_sms=1)).splits(4, 1024)[0] == 1
+    case = random_case(4, heads, 1024, kv_format, seed=21)
+    case.lengths[1] = 0
+    sink = torch.randn(heads, device="cuda")
+    for base in ("e", "2"):
+        out, lse = run_ours(case, kv_format, sink=sink, lse_base=base, num_sms=1)
+        check(case, out, lse, sink=sink, lse_base=base)
+        assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
 def test_page_strided_cache_view(kv_format):
     case = random_case(4, 64, 1024, kv_format, seed=5, page_stride_pad=4096)
     assert not case.kv.is_contiguous()
