@@ -255,9 +255,9 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     if binding.partial_o.shape[1] == 1:
         # one split per row: the whole-row kernel writes out and lse directly (every grid row
-        # is live, so its row-count tensor is not read: lengths stands in)
+        # is live, so its [1] row-count tensor is not read: a view of lengths stands in)
         p.whole_row_kernels["extend"](q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
-                                      sink, binding.lengths, float(sm_scale) * LOG2E, int(attn_sink is not None),
+                                      sink, binding.lengths[:1], float(sm_scale) * LOG2E, int(attn_sink is not None),
                                       int(lse_base == "e"), 0)
         return binding.out, binding.lse
     k = p.kernels
