@@ -8,8 +8,8 @@
 
 Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
 combine kernel; the number of splits comes from the rows and the SM count, so small batches
-still fill the GPU. When the rows alone fill it (one split), decode runs the extend kernel,
-which writes out and lse directly. `run_decode` allocates nothing and is CUDA-graph capturable.
+still fill the GPU. When the rows alone fill it (one split) and extend runs the same tile
+loop, decode runs the extend kernel, which writes out and lse directly. `run_decode` allocates nothing and is CUDA-graph capturable.
 """
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ class SparseMLAPlan:
     head_block: int
     ctas_per_sm: int = 1
     regions: dict = field(default_factory=dict)
+    # decode: the extend kernel runs the same tile loop, so one-split calls may use it
+    whole_row: bool = False
 
     @property
     def head_blocks(self) -> int:
@@ -122,7 +124,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
             f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
     sms = caps.num_sms or device_num_sms()
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
-    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]))
+    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]),
+                      whole_row=caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile)
     h, rows = caps.num_heads, caps.max_batched
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
     if caps.mode == "decode":
@@ -253,9 +256,11 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     if q.shape[0] == 0:
         return binding.out, binding.lse
     sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
-    if binding.partial_o.shape[1] == 1:
+    if binding.partial_o.shape[1] == 1 and p.whole_row:
         # one split per row: the whole-row kernel writes out and lse directly (every grid row
-        # is live, so its [1] row-count tensor is not read: a view of lengths stands in)
+        # is live, so its [1] row-count tensor is not read: a view of lengths stands in). Only
+        # where extend runs the same tile loop: bf16 at 16/32 heads tiles extend differently,
+        # and that measured slower for decode rows (B=128 h=16 bf16 81.9 -> 96.7 µs)
         p.whole_row_kernels["extend"](q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
                                       sink, binding.lengths[:1], float(sm_scale) * LOG2E, int(attn_sink is not None),
                                       int(lse_base == "e"), 0)
