@@ -169,9 +169,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "p_in_rope": p_in_rope,
         # fp8 64-head decode: a producer warpgroup gathers and dequantises into two K stages
         "producer": producer,
-        # decode, 16 heads as N: a row's two splits may run as a cluster of two CTAs that merge
-        # through distributed shared memory and write out themselves (no partials, no combine)
-        "pair": heads_as_n and head_block == 16 and mode == "decode",
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
         "s_before_gather": not heads_as_n,

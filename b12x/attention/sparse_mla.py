@@ -9,8 +9,7 @@
 Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
 combine kernel; the number of splits comes from the rows and the SM count, so small batches
 still fill the GPU. When the rows alone fill it (one split) and extend runs the same tile
-loop, decode runs the extend kernel, which writes out and lse directly; at 16 heads two splits
-run as a cluster of two CTAs that merge on chip and write out themselves. `run_decode` allocates nothing and is CUDA-graph capturable.
+loop, decode runs the extend kernel, which writes out and lse directly. `run_decode` allocates nothing and is CUDA-graph capturable.
 """
 from __future__ import annotations
 
@@ -89,8 +88,6 @@ class SparseMLAPlan:
     regions: dict = field(default_factory=dict)
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
-    # decode: two-split calls run as clusters of two CTAs that merge on chip (16 heads as N)
-    pair: bool = False
 
     @property
     def head_blocks(self) -> int:
@@ -128,8 +125,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     sms = caps.num_sms or device_num_sms()
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
     p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]),
-                      whole_row=caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile,
-                      pair=bool(tile.get("pair")))
+                      whole_row=caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile)
     h, rows = caps.num_heads, caps.max_batched
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
     if caps.mode == "decode":
@@ -270,13 +266,6 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
                                       int(lse_base == "e"), 0)
         return binding.out, binding.lse
     k = p.kernels
-    if binding.partial_o.shape[1] == 2 and p.pair:
-        # two splits: a cluster of two CTAs per (row, head block) merges them through distributed
-        # shared memory and writes out and lse itself (no partials, no combine)
-        k["split_pair"](q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse, sink,
-                        float(sm_scale) * LOG2E, int(attn_sink is not None), int(lse_base == "e"),
-                        binding.tokens_per_split)
-        return binding.out, binding.lse
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
     k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse, sink,

@@ -66,22 +66,6 @@ def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-def test_two_splits_merge_in_a_cluster_pair(kv_format):
-    """16 heads, two splits per row (here: a plan for two SMs): the splits run as a cluster of
-    two CTAs that merge through distributed shared memory and write out, lse and the sink."""
-    p = sm.plan(sm.Caps(num_heads=16, kv_format=kv_format, max_batched=3, num_sms=2))
-    assert p.pair and p.splits(3, 1024)[0] == 2
-    case = random_case(3, 16, 1024, kv_format, seed=23, invalid_frac=0.2)
-    case.lengths[1] = 0                  # zero-length row: out 0, lse -inf
-    case.lengths[2] = 300                # the second split of this row is empty
-    sink = torch.randn(16, device="cuda")
-    for base, s in (("e", None), ("2", sink)):
-        out, lse = run_ours(case, kv_format, sink=s, lse_base=base, num_sms=2)
-        check(case, out, lse, sink=s, lse_base=base)
-        assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
-
-
-@pytest.mark.parametrize("kv_format", FORMATS)
 def test_page_strided_cache_view(kv_format):
     case = random_case(4, 64, 1024, kv_format, seed=5, page_stride_pad=4096)
     assert not case.kv.is_contiguous()
