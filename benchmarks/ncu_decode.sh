@@ -10,7 +10,7 @@ stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' b
   dispatch_stall branch_resolving membar sleeping)
 for case in "$@"; do
   IFS=, read -r batch heads fmt <<< "$case"
-  ncu --kernel-name regex:Split --launch-skip 1 --launch-count 1 \
+  ncu --clock-control none --kernel-name regex:Split --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
       --section MemoryWorkloadAnalysis --metrics "${stalls%,}" \
       python3 - "$batch" "$heads" "$fmt" > "$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt" 2>&1 <<'PY'

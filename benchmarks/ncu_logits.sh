@@ -5,7 +5,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/b12x-out}
 mkdir -p "$OUT"
 export B12X_CACHE_DIR=${B12X_CACHE_DIR:-$PWD/.cache/b12x}
-ncu --kernel-name regex:IndexerLogits --launch-count 1 \
+ncu --clock-control none --kernel-name regex:IndexerLogits --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section LaunchStats \
     python3 benchmarks/probe_logits.py "$@" > "$OUT/ncu-logits.txt" 2>&1
