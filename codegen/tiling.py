@@ -52,7 +52,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     raw_stages:  fp8 KV only: tiles of raw 656-byte records in flight (cp.async into smem,
                  dequantised smem -> smem right before their math). 0 for bf16 KV.
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
-    combine_heads: heads merged per CTA in the combine kernel (one warp per head).
     wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
                  warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
                  wgmma 64x32x16 from smem Q/K, and O[:, 256g:256g+256] += P V with wgmma
@@ -78,6 +77,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         raise ValueError(f"unsupported arch {arch!r}")
 
     fp8 = kv_format == "fp8_ds_mla"
+    producer = False
     if arch == "sm_90a":
         # 227 KB of smem: Q for up to 64 heads plus the KV tiles.
         head_block = min(num_heads, 64)
@@ -122,7 +122,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # 82.6-82.8. 32 heads do not fit it (128 O^T accumulators + the prefetch > 255
                 # registers) and measured slower with two stages (B=128 114 -> 124).
                 warps_n, stages, raw_stages = 1, 1, 0
-        if fp8 and head_block == 64 and PRODUCER_ENABLED:
+        producer = fp8 and head_block == 64 and PRODUCER_ENABLED
+        if producer:
             # the 256-thread loop ran dequant -> S -> softmax -> PV of a tile back to back; a
             # producer warpgroup overlaps the dequant of t+1 (H200 decode fp8, same run:
             # h=128 B=128 245.6 -> 220.4 µs, B=32 69.2 -> 62.7, B=8 27.0 -> 25.0; B=1 12.7 -> 12.3)
@@ -139,7 +140,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
-    producer = arch == "sm_90a" and fp8 and head_block == 64 and stages == 2
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
@@ -157,17 +157,17 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "stages": stages,
         "raw_stages": raw_stages,
         "ctas_per_sm": ctas_per_sm,
-        "combine_heads": 4,
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
-        # fp8 at 16 heads as N: the next tile's records travel into registers while this tile
-        # is multiplied (no raw smem), then go to the one fp16 K stage
+        # fp8 records go global -> registers (no raw smem) and fp16 K stages: 16 heads as N and
+        # the producer form
         "fp8_regs": fp8_regs,
         # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM);
         # and the producer form's two stages
         "p_in_rope": p_in_rope,
-        # fp8 64-head decode: a producer warpgroup gathers and dequantises into two K stages
+        # fp8 64-head blocks (decode and extend): a producer warpgroup gathers and dequantises
+        # into two K stages
         "producer": producer,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
