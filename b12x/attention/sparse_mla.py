@@ -9,7 +9,8 @@
 Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
 combine kernel; the number of splits comes from the rows and the SM count, so small batches
 still fill the GPU. When the rows alone fill it (one split) and extend runs the same tile
-loop, decode runs the extend kernel, which writes out and lse directly. `run_decode` allocates nothing and is CUDA-graph capturable.
+loop, decode runs the extend kernel, which writes out and lse directly. `run_decode`
+allocates nothing and is CUDA-graph capturable.
 """
 from __future__ import annotations
 
@@ -230,11 +231,19 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
         return binding.out, binding.lse
     if binding.owns_num_rows:
         binding.num_rows.fill_(binding.q.shape[0])  # a device-side fill: no host sync, graph-capturable
-    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
-    binding.plan.kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
-                                   sink, binding.num_rows, float(sm_scale) * LOG2E, int(attn_sink is not None),
-                                   int(lse_base == "e"), 1)
+    _launch_whole_rows(binding.plan.kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, binding.num_rows)
     return binding.out, binding.lse
+
+
+def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, kv_cache: torch.Tensor, sm_scale: float,
+                       attn_sink: torch.Tensor | None, lse_base: str, num_rows: torch.Tensor | None) -> None:
+    """The extend kernel: one CTA per (row, head block) writes out and lse directly. num_rows,
+    a [1] int32 device tensor, limits the live rows of the grid; None: every row is live."""
+    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
+    kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse, sink,
+                      binding.lengths[:1] if num_rows is None else num_rows,  # not read when None
+                      float(sm_scale) * LOG2E, int(attn_sink is not None), int(lse_base == "e"),
+                      int(num_rows is not None))
 
 
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:
@@ -255,16 +264,13 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     q = binding.q
     if q.shape[0] == 0:
         return binding.out, binding.lse
-    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     if binding.partial_o.shape[1] == 1 and p.whole_row:
-        # one split per row: the whole-row kernel writes out and lse directly (every grid row
-        # is live, so its [1] row-count tensor is not read: a view of lengths stands in). Only
-        # where extend runs the same tile loop: bf16 at 16/32 heads tiles extend differently,
-        # and that measured slower for decode rows (B=128 h=16 bf16 81.9 -> 96.7 µs)
-        p.whole_row_kernels["extend"](q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
-                                      sink, binding.lengths[:1], float(sm_scale) * LOG2E, int(attn_sink is not None),
-                                      int(lse_base == "e"), 0)
+        # one split per row: the whole-row kernel writes out and lse directly. Only where extend
+        # runs the same tile loop: bf16 at 16/32 heads tiles extend differently, and that
+        # measured slower for decode rows (B=128 h=16 bf16 81.9 -> 96.7 µs)
+        _launch_whole_rows(p.whole_row_kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, None)
         return binding.out, binding.lse
+    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     k = p.kernels
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
