@@ -160,14 +160,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
-        # fp8 records go global -> registers (no raw smem) and fp16 K stages: 16 heads as N and
-        # the producer form
         "fp8_regs": fp8_regs,
-        # bf16 KV with the heads as N: one K stage, P in the stage's RoPE block (two CTAs per SM);
-        # and the producer form's two stages
         "p_in_rope": p_in_rope,
-        # fp8 64-head blocks (decode and extend): a producer warpgroup gathers and dequantises
-        # into two K stages
         "producer": producer,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).

@@ -125,8 +125,9 @@ def plan(caps: Caps) -> SparseMLAPlan:
             f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
     sms = caps.num_sms or device_num_sms()
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
-    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]),
-                      whole_row=caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile)
+    # decode may hand one-split calls to the extend kernel only where extend runs the same tile loop
+    whole_row = caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile
+    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]), whole_row=whole_row)
     h, rows = caps.num_heads, caps.max_batched
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
     if caps.mode == "decode":
@@ -239,11 +240,17 @@ def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, kv_cac
                        attn_sink: torch.Tensor | None, lse_base: str, num_rows: torch.Tensor | None) -> None:
     """The extend kernel: one CTA per (row, head block) writes out and lse directly. num_rows,
     a [1] int32 device tensor, limits the live rows of the grid; None: every row is live."""
-    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
-    kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse, sink,
+    kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
+                      _sink_arg(binding, attn_sink),
                       binding.lengths[:1] if num_rows is None else num_rows,  # not read when None
                       float(sm_scale) * LOG2E, int(attn_sink is not None), int(lse_base == "e"),
                       int(num_rows is not None))
+
+
+def _sink_arg(binding: Binding, attn_sink: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' sink argument: without a sink they never read it, and any [H] fp32 view
+    satisfies the signature."""
+    return binding.lse[0] if attn_sink is None else attn_sink
 
 
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:
@@ -270,11 +277,10 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
         # measured slower for decode rows (B=128 h=16 bf16 81.9 -> 96.7 µs)
         _launch_whole_rows(p.whole_row_kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, None)
         return binding.out, binding.lse
-    sink = binding.lse[0] if attn_sink is None else attn_sink  # never read without a sink
     k = p.kernels
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
-    k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse, sink,
+    k["combine"](binding.partial_o, binding.partial_lse, binding.out, binding.lse, _sink_arg(binding, attn_sink),
                  int(attn_sink is not None), int(lse_base == "e"))
     return binding.out, binding.lse
 
