@@ -21,8 +21,6 @@ from benchmarks.bench_sparse_mla_decode import SETS, TOPK, make_pool  # noqa: E4
 from benchmarks.peers import flashmla  # noqa: E402
 from benchmarks.timing import time_rotated  # noqa: E402
 
-LOG2E = 1.4426950408889634
-
 
 def kernel_us(fns, reps: int = 20) -> dict[str, float]:
     """Mean device duration per call of each kernel the callables launch (eager, CUPTI)."""
@@ -69,7 +67,7 @@ def main() -> int:
             s_eff = -(-TOPK // tps)
             po = big[: batch * s_eff * heads * 512].view(batch, s_eff, heads, 512)
             pl = big_lse[: batch * s_eff * heads].view(batch, s_eff, heads)
-            split = [lambda q=q, i=i, n=n: k["split"](q, pool, i, n, po, pl, 576 ** -0.5 * LOG2E, tps)
+            split = [lambda q=q, i=i, n=n: k["split"](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
                      for q, i, n in sets]
             comb = [lambda: k["combine"](po, pl, out, lse, lse[0], 0, 1)] * SETS
             both = [lambda f=f, c=c: (f(), c()) for f, c in zip(split, comb)]
