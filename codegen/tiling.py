@@ -54,8 +54,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
     wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
                  warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
-                 wgmma 64x32x16 from smem Q/K, and O[:, 256g:256g+256] += P V with wgmma
-                 64x256x16, P from smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
+                 wgmma 64x32x16 from smem Q/K (s_one_warpgroup: warpgroup 0 all 64 tokens,
+                 64x64x16), and O[:, 256g:256g+256] += P V with wgmma 64x256x16, P from
+                 smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
     heads_as_n:  sm_90a, 16/32-head blocks listed in HEADS_AS_N: wgmma with the operands
                  swapped, S^T = K Q^T (64 tokens x heads) and O^T = V^T P^T (512 dims x
                  heads), so 16 or 32 heads fill N instead of padding M to 64. warps_n counts
@@ -146,6 +147,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages, p_in_rope)
     if producer:
         smem += 1024  # the 4-warp gather of 64 tokens leaves nothing else; slack for alignment
+        smem += stages * head_block * 4     # sMax: the running max, warpgroup 0 -> 1
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     return {
@@ -163,6 +165,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "fp8_regs": fp8_regs,
         "p_in_rope": p_in_rope,
         "producer": producer,
+        # producer form: warpgroup 0 computes S over the whole tile and the softmax, warpgroup 1
+        # only adds P V for its value columns
+        "s_one_warpgroup": producer,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
         "s_before_gather": not heads_as_n,
