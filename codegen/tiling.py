@@ -145,8 +145,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
     smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages, p_in_rope)
+    # 64-head wgmma blocks (fp8 in the producer form, bf16): warpgroup 0 computes S over the
+    # whole tile and the softmax, warpgroup 1 only adds P V for its value columns
+    s_one_warpgroup = wgmma and head_block == 64 and not heads_as_n and (producer or not fp8)
     if producer:
         smem += 1024  # the 4-warp gather of 64 tokens leaves nothing else; slack for alignment
+    if s_one_warpgroup:
         smem += stages * head_block * 4     # sMax: the running max, warpgroup 0 -> 1
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
@@ -165,9 +169,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "fp8_regs": fp8_regs,
         "p_in_rope": p_in_rope,
         "producer": producer,
-        # producer form: warpgroup 0 computes S over the whole tile and the softmax, warpgroup 1
-        # only adds P V for its value columns
-        "s_one_warpgroup": producer,
+        "s_one_warpgroup": s_one_warpgroup,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where
         # the tensor work bounds a tile) or after it (16/32 heads, where the gather does).
         "s_before_gather": not heads_as_n,
