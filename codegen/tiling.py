@@ -82,6 +82,15 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     if arch == "sm_90a":
         # 227 KB of smem: Q for up to 64 heads plus the KV tiles.
         head_block = min(num_heads, 64)
+        if fp8 and mode == "extend" and num_heads == 32:
+            # fp8 extend at 32 heads: the 64-head producer form, Q rows 32-63 zero and never
+            # stored. The dequant, which bounds these kernels, then runs in a producer warpgroup
+            # beside the MMAs; the MMA rows it wastes cost less than the heads-as-N kernel's
+            # dequant in the MMA warps (H200, same run: extend s_q 4096 3607/3448 -> 2939/2796
+            # µs; decode B=128, one split per row, 110.1/110.8 -> 90.7/90.4). Decode splits keep
+            # the native 32-head kernel: it is faster at small batches (B=4 13.5 vs 14.7 µs for
+            # h=64 in the 64-head form).
+            head_block = 64
         tile_tokens = 64
         warps_m = head_block // 16
         # O accumulators per thread = 16 * (512 / warps_n) / 32: 128 registers at warps_n = 2
@@ -103,7 +112,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             # slower this way: 3070 -> 3495 µs (148 registers: one CTA per SM), 3578 µs with the
             # registers held to 128 so that two CTAs fit.
             tile_tokens = 32
-        if (mode, num_heads) in HEADS_AS_N:
+        if (mode, num_heads) in HEADS_AS_N and head_block < 64:
             # fp8: two warpgroups, M = 64 tokens for S^T (warpgroup 0), 4 blocks of 64 value dims
             # of O^T each, all 8 warps dequantise (H200, 4 warps -> 8: decode h=16 B=32 37.1 ->
             # 32.2 µs, B=128 120.7 -> 100.1; extend h=16 s_q 4096 3490 -> 2890). bf16: one
@@ -140,7 +149,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
 
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
-    heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N
+    heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N and head_block < 64
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)

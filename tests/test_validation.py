@@ -117,3 +117,15 @@ def test_extend_plan_and_routing():
     assert sm.route(64, 1, num_heads=128, num_sms=132) == "decode"
     assert sm.route(4096, 4, num_heads=16, num_sms=132) == "extend"
     assert sm.route(8, 3, num_heads=16, num_sms=132) == "decode"  # too few rows to fill the GPU
+
+
+@pytest.mark.parametrize("heads,fmt,whole_row", [
+    (128, "fp8_ds_mla", True), (64, "bf16", True), (16, "fp8_ds_mla", True),
+    (32, "fp8_ds_mla", True),    # extend runs the 64-head producer form: faster for whole rows
+    (32, "bf16", False), (16, "bf16", False),   # extend tiles bf16 at 16/32 heads differently
+])
+def test_which_decode_plans_hand_one_split_rows_to_the_extend_kernel(heads, fmt, whole_row):
+    p = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_batched=8, arch="sm_90a", num_sms=132))
+    assert p.whole_row is whole_row
+    ext = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_batched=8, mode="extend", arch="sm_90a", num_sms=132))
+    assert ext.head_blocks == -(-heads // 64)    # 16/32 heads: one block, native or 64 rows wide

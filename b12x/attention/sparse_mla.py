@@ -125,8 +125,10 @@ def plan(caps: Caps) -> SparseMLAPlan:
             f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
     sms = caps.num_sms or device_num_sms()
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
-    # decode may hand one-split calls to the extend kernel only where extend runs the same tile loop
-    whole_row = caps.mode == "decode" and decode_tiling(caps.num_heads, caps.kv_format, arch, "extend") == tile
+    # decode may hand one-split calls to the extend kernel where extend runs the same tile loop,
+    # or the 64-head producer form (fp8 at 32 heads: faster for whole rows than decode's tiles)
+    ext_tile = decode_tiling(caps.num_heads, caps.kv_format, arch, "extend")
+    whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]), whole_row=whole_row)
     h, rows = caps.num_heads, caps.max_batched
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
@@ -272,9 +274,9 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     if q.shape[0] == 0:
         return binding.out, binding.lse
     if binding.partial_o.shape[1] == 1 and p.whole_row:
-        # one split per row: the whole-row kernel writes out and lse directly. Only where extend
-        # runs the same tile loop: bf16 at 16/32 heads tiles extend differently, and that
-        # measured slower for decode rows (B=128 h=16 bf16 81.9 -> 96.7 µs)
+        # one split per row: the whole-row kernel writes out and lse directly. Not where extend
+        # tiles bf16 at 16/32 heads differently: that measured slower for decode rows (B=128
+        # h=16 bf16 81.9 -> 96.7 µs)
         _launch_whole_rows(p.whole_row_kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, None)
         return binding.out, binding.lse
     k = p.kernels
