@@ -19,7 +19,7 @@ PRODUCER_ENABLED = True
 # sm_90a (mode, heads) pairs whose 16/32-head blocks run wgmma with the heads as N. Measured
 # against the mma.sync kernels (H200, 5508034): extend h=32 s_q 4096 bf16 3080 -> 2238-2298 µs;
 # decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128
-# within noise.
+# within noise. (fp8 extend at 32 heads runs a 64-head block instead: see decode_tiling.)
 HEADS_AS_N = {("extend", 32), ("extend", 16), ("decode", 32), ("decode", 16)}
 
 
