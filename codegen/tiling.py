@@ -16,11 +16,16 @@ _FP8_RECORD = 656  # fp8_ds_mla bytes per token
 WGMMA_ENABLED = True
 # sm_90a fp8 64-head decode blocks: producer warpgroup + two fp16 K stages (see decode_tiling).
 PRODUCER_ENABLED = True
-# sm_90a (mode, heads) pairs whose 16/32-head blocks run wgmma with the heads as N. Measured
+# sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N. Measured
 # against the mma.sync kernels (H200, 5508034): extend h=32 s_q 4096 bf16 3080 -> 2238-2298 µs;
 # decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128
-# within noise. (fp8 extend at 32 heads runs a 64-head block instead: see decode_tiling.)
-HEADS_AS_N = {("extend", 32), ("extend", 16), ("decode", 32), ("decode", 16)}
+# within noise. Fewer than 64 heads not listed run one 64-head block whose rows past the heads
+# stay empty: fp8 extend at 32 heads, whose dequant then runs in the producer warpgroup beside
+# the MMAs instead of in the MMA warps (H200, same run: extend s_q 4096 3607/3448 -> 2939/2796
+# µs; decode B=128, one split per row, 110.1/110.8 -> 90.7/90.4). Decode splits at 32 heads stay
+# heads-as-N: faster at small batches (B=4 13.5 vs 14.7 µs for h=64 in the 64-head form).
+HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (16, 32)
+              for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
 
 
 def _align(n: int, a: int) -> int:
@@ -79,18 +84,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
 
     fp8 = kv_format == "fp8_ds_mla"
     producer = False
+    # Hopper wgmma with the heads as N for the listed 16/32-head cases (see HEADS_AS_N)
+    heads_as_n = arch == "sm_90a" and (mode, num_heads, kv_format) in HEADS_AS_N
     if arch == "sm_90a":
-        # 227 KB of smem: Q for up to 64 heads plus the KV tiles.
-        head_block = min(num_heads, 64)
-        if fp8 and mode == "extend" and num_heads == 32:
-            # fp8 extend at 32 heads: the 64-head producer form, Q rows 32-63 zero and never
-            # stored. The dequant, which bounds these kernels, then runs in a producer warpgroup
-            # beside the MMAs; the MMA rows it wastes cost less than the heads-as-N kernel's
-            # dequant in the MMA warps (H200, same run: extend s_q 4096 3607/3448 -> 2939/2796
-            # µs; decode B=128, one split per row, 110.1/110.8 -> 90.7/90.4). Decode splits keep
-            # the native 32-head kernel: it is faster at small batches (B=4 13.5 vs 14.7 µs for
-            # h=64 in the 64-head form).
-            head_block = 64
+        # 227 KB of smem: Q for up to 64 heads plus the KV tiles; a 64-head block unless the
+        # heads are the N dimension
+        head_block = num_heads if heads_as_n else 64
         tile_tokens = 64
         warps_m = head_block // 16
         # O accumulators per thread = 16 * (512 / warps_n) / 32: 128 registers at warps_n = 2
@@ -112,7 +111,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             # slower this way: 3070 -> 3495 µs (148 registers: one CTA per SM), 3578 µs with the
             # registers held to 128 so that two CTAs fit.
             tile_tokens = 32
-        if (mode, num_heads) in HEADS_AS_N and head_block < 64:
+        if heads_as_n:
             # fp8: two warpgroups, M = 64 tokens for S^T (warpgroup 0), 4 blocks of 64 value dims
             # of O^T each, all 8 warps dequantise (H200, 4 warps -> 8: decode h=16 B=32 37.1 ->
             # 32.2 µs, B=128 120.7 -> 100.1; extend h=16 s_q 4096 3490 -> 2890). bf16: one
@@ -149,7 +148,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
 
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
-    heads_as_n = arch == "sm_90a" and (mode, num_heads) in HEADS_AS_N and head_block < 64
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
