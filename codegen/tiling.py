@@ -91,32 +91,17 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         # heads are the N dimension
         head_block = num_heads if heads_as_n else 64
         tile_tokens = 64
-        warps_m = head_block // 16
-        # O accumulators per thread = 16 * (512 / warps_n) / 32: 128 registers at warps_n = 2
-        # (64-head blocks, 8 warps), 64 at warps_n = 4 (16 or 32 heads: 4 or 8 warps).
-        warps_n = 2 if warps_m == 4 else 4
-        # fp8: one bf16 K tile; raw tiles in flight: 1 beside 64-head Q (197 KB), 2 beside
-        # 32-head Q (199 KB), 3 beside 16-head Q (221 KB).
         stages = 1 if fp8 else 2
-        raw_stages = {64: 1, 32: 2, 16: 3}[head_block] if fp8 else 0
-        if fp8 and head_block == 16:
-            # 16 heads: the dequant and the MMAs of a 4-warp CTA are latency-bound (one warp per
-            # scheduler). 32-token tiles with two raw stages fit 97 KB, so two CTAs share an SM.
-            tile_tokens = 32
-            raw_stages = 2
-        if mode == "extend" and not fp8 and head_block == 16:
-            # extend, bf16 KV, 16 heads: one row per CTA is gather-bound and a 64-token double
-            # buffer allows one CTA per SM; 32-token tiles let two CTAs share an SM, so one
-            # gathers while the other multiplies (s_q 4096: 2459 -> 2084-2093 µs). 32 heads measured
-            # slower this way: 3070 -> 3495 µs (148 registers: one CTA per SM), 3578 µs with the
-            # registers held to 128 so that two CTAs fit.
-            tile_tokens = 32
+        # 64 heads as M: 4 warps (one warpgroup) along heads, 2 warpgroups along tokens for S
+        # and along the value columns for O (128 O accumulators per thread). fp8 without the
+        # producer (PRODUCER_ENABLED off): one raw tile in flight beside 64-head Q (197 KB).
+        warps_m, warps_n = 4, 2
+        raw_stages = 1 if fp8 else 0
         if heads_as_n:
             # fp8: two warpgroups, M = 64 tokens for S^T (warpgroup 0), 4 blocks of 64 value dims
             # of O^T each, all 8 warps dequantise (H200, 4 warps -> 8: decode h=16 B=32 37.1 ->
             # 32.2 µs, B=128 120.7 -> 100.1; extend h=16 s_q 4096 3490 -> 2890). bf16: one
             # warpgroup (8 warps measured 3-7% slower: extend h=32 2300-2390 -> 2410-2470 µs).
-            tile_tokens = 64
             warps_m, warps_n = 4, (2 if fp8 else 1)
             raw_stages = {32: 2, 16: 3}[head_block] if fp8 else 0
             if not fp8 and mode == "extend":
