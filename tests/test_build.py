@@ -24,12 +24,13 @@ def test_aot_build_without_gpu(tmp_cache):
         assert r.built and r.so_path.exists() and r.size > 0
         art, why = cache.check(r.key, r.spec.arch)
         assert why == "ok", why
-        assert art.manifest["entry_points"] == ["split", "combine"]
+        assert art.manifest["entry_points"] == ["split", "combine", "combine_many_splits"]
         for name, rep in r.kernels.items():
             assert rep["registers"] and rep["registers"] <= 255, (name, rep)
             assert rep["spill_bytes"] == 0, f"{r.spec.name}/{name} spills {rep['spill_bytes']} bytes"
         symbols = subprocess.run(["nm", "-D", str(r.so_path)], capture_output=True, text=True, check=True).stdout
         assert "__tvm_ffi_split" in symbols and "__tvm_ffi_combine" in symbols
+        assert "__tvm_ffi_combine_many_splits" in symbols
     again = build_specs(SUBSET, cache, jobs=2)  # second build is served from the cache
     assert not any(r.built for r in again)
     assert [r.key for r in again] == [r.key for r in results]

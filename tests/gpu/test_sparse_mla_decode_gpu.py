@@ -50,6 +50,20 @@ def test_edge_cases(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", (16, 128))
+@pytest.mark.parametrize("num_sms", (132, 32, 16))
+def test_both_combine_kernels(kv_format, heads, num_sms):
+    """Few splits (<= COMBINE_FEW_SPLITS) run "combine", more run "combine_many_splits"; plans for
+    fewer SMs give fewer splits. Sink and base-2 lse go through either."""
+    splits = sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_batched=4, num_sms=num_sms)).splits(4, 1024)[0]
+    assert splits > 1
+    case = random_case(4, heads, 1024, kv_format, seed=num_sms + heads)
+    sink = torch.randn(heads, device="cuda")
+    out, lse = run_ours(case, kv_format, sink=sink, lse_base="2", num_sms=num_sms)
+    check(case, out, lse, sink=sink, lse_base="2")
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
 @pytest.mark.parametrize("heads", (16, 32, 128))
 def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
     """When the rows alone fill the GPU (here: a plan for one SM) a row gets one split, and
