@@ -69,7 +69,7 @@ def main() -> int:
             pl = big_lse[: batch * s_eff * heads].view(batch, s_eff, heads)
             split = [lambda q=q, i=i, n=n: k["split"](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
                      for q, i, n in sets]
-            comb = [lambda: k["combine"](po, pl, out, lse, lse[0], 0, 1)] * SETS
+            comb = [lambda: k[sm.combine_entry(s_eff)](po, pl, out, lse, lse[0], 0, 1)] * SETS
             both = [lambda f=f, c=c: (f(), c()) for f, c in zip(split, comb)]
             r = {"case": case, "splits": s_eff, "tiles/split": tps // 64, "ctas": batch * s_eff * p.head_blocks,
                  "split_us": time_rotated(split), "combine_us": time_rotated(comb), "both_us": time_rotated(both)}

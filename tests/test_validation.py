@@ -129,3 +129,13 @@ def test_which_decode_plans_hand_one_split_rows_to_the_extend_kernel(heads, fmt,
     assert p.whole_row is whole_row
     ext = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_batched=8, mode="extend", arch="sm_90a", num_sms=132))
     assert ext.head_blocks == -(-heads // 64)    # 16/32 heads: one block, native or 64 rows wide
+
+
+def test_combine_kernel_by_split_count():
+    """Up to COMBINE_FEW_SPLITS splits run the 34-register combine (grids of many CTAs), more run
+    the one that loads every split before the weights; small batches get the latter."""
+    assert [sm.combine_entry(s) for s in (2, 3, 4, 5, 8, 16, 32)] == ["combine"] * 3 + ["combine_many_splits"] * 4
+    p = sm.plan(sm.Caps(num_heads=128, kv_format="fp8_ds_mla", max_batched=128, arch="sm_90a", num_sms=132))
+    assert sm.combine_entry(p.splits(4, 2048)[0]) == "combine_many_splits"
+    assert sm.combine_entry(p.splits(32, 2048)[0]) == "combine"
+

@@ -37,6 +37,13 @@ MODES = ("decode", "extend")
 # More splits than this run the combine kernel that loads every split before the weights
 # (templates/sparse_mla/_combine.py.j2, COMBINE_FEW_SPLITS)
 COMBINE_FEW_SPLITS = 4
+
+
+def combine_entry(splits: int) -> str:
+    """The decode artifact's combine kernel for `splits` splits per row: "combine" loads a
+    thread's first 4 splits before the weights (34 registers, for grids of many CTAs),
+    "combine_many_splits" all of them (62 registers; its grids have few CTAs)."""
+    return "combine_many_splits" if splits > COMBINE_FEW_SPLITS else "combine"
 _KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
 
 
@@ -285,8 +292,7 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     k = p.kernels
     k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
-    # many splits: the combine that loads all of a thread's splits before the weights
-    combine = k["combine_many_splits"] if binding.partial_o.shape[1] > COMBINE_FEW_SPLITS else k["combine"]
+    combine = k[combine_entry(binding.partial_o.shape[1])]
     combine(binding.partial_o, binding.partial_lse, binding.out, binding.lse, _sink_arg(binding, attn_sink),
             int(attn_sink is not None), int(lse_base == "e"))
     return binding.out, binding.lse
