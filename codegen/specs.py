@@ -110,9 +110,10 @@ class SparseMLASpec(KernelSpec):
         return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}_{self.arch}"
 
     def template_context(self) -> dict:
-        from .tiling import decode_tiling
+        from .tiling import COMBINE_FEW_SPLITS, decode_tiling
 
         return {
+            "combine_few_splits": COMBINE_FEW_SPLITS,
             "num_heads": self.num_heads,
             "kv_format": self.kv_format,
             "topk": self.topk,

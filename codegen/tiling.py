@@ -16,6 +16,14 @@ _FP8_RECORD = 656  # fp8_ds_mla bytes per token
 WGMMA_ENABLED = True
 # sm_90a fp8 64-head decode blocks: producer warpgroup + two fp16 K stages (see decode_tiling).
 PRODUCER_ENABLED = True
+# Sparse MLA decode's combine: above this many splits per row, "combine_many_splits" runs. It
+# loads every split of a thread before the weights are known, guarded rather than clamped (ptxas
+# sank the clamped loads below the lse reduction; H200, same run: h=128 B=4 16.6 -> 15.7-15.9 µs,
+# B=8 21.7 -> 20.7-20.9, h=16 B=4 9.8 -> 9.3-9.5). Its 62 registers halve the CTAs an SM holds,
+# which costs where a call has few splits and many CTAs (h=128 B=32, 2 splits: 53.9 -> 55.7):
+# "combine" loads the first COMBINE_FEW_SPLITS (34 registers). The runtime picks by this bound
+# (b12x.attention.sparse_mla.combine_entry).
+COMBINE_FEW_SPLITS = 4
 # sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N. Measured
 # against the mma.sync kernels (H200, 5508034): extend h=32 s_q 4096 bf16 3080 -> 2238-2298 µs;
 # decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from codegen.specs import SparseMLASpec
-from codegen.tiling import decode_tiling
+from codegen.tiling import COMBINE_FEW_SPLITS, decode_tiling
 
 from .. import registry
 from .. import scratch as _scratch
@@ -34,16 +34,6 @@ from ..validate import check_tensor, require
 Q_DIM = 576
 LOG2E = 1.0 / math.log(2.0)
 MODES = ("decode", "extend")
-# More splits than this run the combine kernel that loads every split before the weights
-# (templates/sparse_mla/_combine.py.j2, COMBINE_FEW_SPLITS)
-COMBINE_FEW_SPLITS = 4
-
-
-def combine_entry(splits: int) -> str:
-    """The decode artifact's combine kernel for `splits` splits per row: "combine" loads a
-    thread's first 4 splits before the weights (34 registers, for grids of many CTAs),
-    "combine_many_splits" all of them (62 registers; its grids have few CTAs)."""
-    return "combine_many_splits" if splits > COMBINE_FEW_SPLITS else "combine"
 _KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
 
 
@@ -257,6 +247,13 @@ def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, kv_cac
                       binding.lengths[:1] if num_rows is None else num_rows,  # not read when None
                       float(sm_scale) * LOG2E, int(attn_sink is not None), int(lse_base == "e"),
                       int(num_rows is not None))
+
+
+def combine_entry(splits: int) -> str:
+    """The decode artifact's combine kernel for `splits` splits per row: "combine" loads a
+    thread's first COMBINE_FEW_SPLITS splits before the weights (34 registers, for grids of many
+    CTAs), "combine_many_splits" all of them (62 registers; its grids have few CTAs)."""
+    return "combine_many_splits" if splits > COMBINE_FEW_SPLITS else "combine"
 
 
 def _sink_arg(binding: Binding, attn_sink: torch.Tensor | None) -> torch.Tensor:
