@@ -1,21 +1,32 @@
 """Prewarm bundles: make every kernel a model configuration can dispatch to built, loaded and
 launched once, before CUDA-graph capture and before freeze().
 
-A bundle is keyed by (q_head_dim, kv_lora_rank, topk, max_batched), qualified by arch, heads and
-KV format. Prewarm binds caller-style scratch per call (plan.bind(scratch=...)), and a key is
-recorded only after its warm-up launches succeeded."""
+`prewarm_preset(name, max_batched=...)` warms a catalog preset's whole bundle (for a model
+preset: sparse MLA decode and extend, the indexer's logits, top-k and fused routes, the DCP
+kernels). The per-family calls below it stay usable on their own: a sparse MLA bundle is keyed
+by (q_head_dim, kv_lora_rank, topk, max_batched), qualified by arch, heads and KV format.
+Prewarm binds caller-style scratch per call (plan.bind(scratch=...)), and a key is recorded only
+after its warm-up launches succeeded."""
 from __future__ import annotations
 
+import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
+from codegen.catalog import DcpConfig, IndexerConfig, ModelConfig, get_preset
+from codegen.indexer_specs import TOPK_WIDTH_MAX
 from codegen.specs import KernelSpec
 
+from . import dcp as _dcp
+from . import indexer as _indexer
 from . import registry
+from . import scratch as _scratch
 from .attention import sparse_mla
-from .device import device_arch
+from .device import device_arch, num_sms as device_num_sms
+from .validate import require
 
 _lock = threading.Lock()
 _done: set["PrewarmKey"] = set()
@@ -154,3 +165,157 @@ def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: 
         ends = torch.full((rows,), width, dtype=torch.int32, device=device)
         b = indexer.bind(p, scratch=scratch, q=q, weights=w, lengths=ends, starts=starts, width=width)
     indexer.run_index_topk(b, kv_cache=kv)
+
+
+# -- a catalog preset's whole bundle ---------------------------------------------------------
+DEFAULT_MAX_WIDTH = 131072    # widest indexer row the warm-up launches, in cache entries (128K tokens at c = 1)
+
+
+@dataclass(frozen=True)
+class PresetBundle:
+    """What prewarm_preset warms for one catalog preset on one arch. Host data only: building it
+    needs no device (num_sms is given), so the catalog can be checked against it on CPU."""
+
+    preset: str
+    arch: str
+    num_sms: int
+    max_batched: int
+    max_width: int
+    sparse_mla: tuple[PrewarmKey, ...]        # one per attention config: decode and extend
+    indexer: tuple[_indexer.Caps, ...]        # paged per compress ratio and contiguous, with and without scores
+    dcp: Optional[_dcp.DcpCaps]               # None: the preset has no DCP kernels
+
+    def _mla_plans(self) -> list[sparse_mla.SparseMLAPlan]:
+        return [sparse_mla.plan(replace(k.caps(m), num_sms=self.num_sms)) for k in self.sparse_mla
+                for m in sparse_mla.MODES]
+
+    def _dcp_plan(self) -> Optional[_dcp.DcpPlan]:
+        return None if self.dcp is None else _dcp.plan(self.dcp, device="cuda")
+
+    def specs(self) -> list[KernelSpec]:
+        """Every artifact the warm-up resolves, in order, without duplicates. The DCP merge
+        resolves its own kernels and the top-k with scores (not its plan's logits kernels)."""
+        out: list[KernelSpec] = []
+        for key in self.sparse_mla:
+            out += key.specs()
+        for caps in self.indexer:
+            out += _indexer.plan(caps).specs()
+        d = self._dcp_plan()
+        if d is not None:
+            out += [_dcp.DcpSpec(arch=self.arch), d.topk_plan.topk_spec]
+        return list(dict.fromkeys(out))
+
+    def scratch_bytes(self) -> int:
+        """The largest scratch any warm-up plan binds: one buffer serves them all in turn."""
+        plans = [*self._mla_plans(), *(_indexer.plan(c) for c in self.indexer)]
+        d = self._dcp_plan()
+        return max([p.scratch_bytes() for p in plans] + ([d.scratch_bytes()] if d is not None else []), default=0)
+
+
+def preset_bundle(name: str, *, arch: str, num_sms: int, max_batched: int, max_width: int = DEFAULT_MAX_WIDTH,
+                  dcp_world: int = 1, dcp_interleave: int = 1) -> PresetBundle:
+    """The bundle of catalog preset `name` (codegen.catalog.PRESETS) for `arch`: what
+    prewarm_preset resolves and launches. Raises codegen.catalog.PresetError for an unknown name."""
+    preset = get_preset(name)
+    require(isinstance(max_batched, int) and max_batched >= 1,
+            f"max_batched: expected an int >= 1, got {max_batched!r}")
+    require(isinstance(max_width, int) and 1 <= max_width <= TOPK_WIDTH_MAX,
+            f"max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {max_width!r}")
+    mla: list[PrewarmKey] = []
+    ix: list[_indexer.Caps] = []
+    dcp_caps = None
+    for cfg in preset.configs:
+        if isinstance(cfg, ModelConfig):
+            mla.append(PrewarmKey(sparse_mla.Q_DIM, 512, cfg.topk, max_batched, cfg.num_heads, cfg.kv_format, arch))
+        elif isinstance(cfg, IndexerConfig):
+            shapes = [("paged", c) for c in cfg.compress_ratios] + [("contiguous", 1)]
+            ix += [_indexer.Caps(num_heads=cfg.num_heads, topk=cfg.topk, compress_ratio=c, mode=mode,
+                                 max_batched=max_batched, max_width=max_width, with_scores=scores, arch=arch,
+                                 num_sms=num_sms)
+                   for mode, c in shapes for scores in (False, True)]
+        elif isinstance(cfg, DcpConfig):
+            dcp_caps = _dcp.DcpCaps(k=cfg.topk, world=dcp_world, interleave=dcp_interleave, max_rows=max_batched,
+                                    arch=arch, num_sms=num_sms)
+    require(dcp_world == 1 or dcp_caps is not None,
+            f"dcp_group: preset {name!r} has no DCP kernels (a model preset has them), got a group of {dcp_world} ranks")
+    return PresetBundle(name, arch, num_sms, max_batched, max_width, tuple(mla), tuple(ix), dcp_caps)
+
+
+_presets_done: set = set()
+
+
+def prewarm_preset(name: str, *, max_batched: int, max_width: int = DEFAULT_MAX_WIDTH,
+                   device: torch.device | str | None = None, dcp_group=None, dcp_interleave: int = 1,
+                   scratch: torch.Tensor | None = None) -> PresetBundle:
+    """Load every artifact of catalog preset `name` and launch each route once; then the engine
+    calls b12x.freeze(). For a model preset (`b12x-codegen list`) that is everything its layers
+    call: sparse MLA decode and extend (prewarm_sparse_mla), the indexer's paged, row-pair and
+    contiguous logits, top-k with and without scores and the fused path (prewarm_indexer), and
+    the DCP conversion, merge and owner filter.
+
+    max_batched: most query rows per call (decode batch, extend chunk, indexer rows, DCP rows).
+    max_width:   widest indexer logits row launched, in cache entries (default 131072); any width
+                 up to 262144 runs on the same artifacts, this only sizes the warm-up.
+    device:      a CUDA device; None: the current one.
+    dcp_group:   the DCP process group; None: DCP world 1 (no collective; the DCP kernels still
+                 run once). With a group, every rank must call this with the same arguments: the
+                 real merge path runs (all-gather included) with a barrier after each pass.
+    dcp_interleave: the DCP interleave I of the KV shards.
+    scratch:     the engine's workspace (uint8, at least bundle.scratch_bytes()); None: one
+                 buffer is allocated for the warm-up and freed after it.
+
+    Memoised per (bundle, device, rank), recorded only after every launch succeeded. Returns the
+    bundle (bundle.specs() lists the artifacts now loaded)."""
+    get_preset(name)  # an unknown name fails before the device is touched
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    require(device.type == "cuda", f"device: expected a CUDA device, got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    world, rank = 1, 0
+    if dcp_group is not None:
+        import torch.distributed as dist
+
+        world, rank = dist.get_world_size(dcp_group), dist.get_rank(dcp_group)
+    bundle = preset_bundle(name, arch=device_arch(device), num_sms=device_num_sms(device), max_batched=max_batched,
+                           max_width=max_width, dcp_world=world, dcp_interleave=dcp_interleave)
+    memo = (bundle, device, rank)
+    with _lock:
+        if memo in _presets_done:
+            return bundle
+    with torch.cuda.device(device):
+        for spec in bundle.specs():   # everything loaded first: a missing artifact fails before any launch
+            registry.resolve(spec)
+        need = bundle.scratch_bytes()
+        if scratch is None:
+            scratch = torch.empty(need, dtype=torch.uint8, device=device)
+        _scratch.check(scratch, need, device)
+        for key in bundle.sparse_mla:
+            prewarm_sparse_mla(num_heads=key.num_heads, kv_format=key.kv_format, topk=key.topk,
+                               max_batched=key.max_batched, q_head_dim=key.q_head_dim, kv_lora_rank=key.kv_lora_rank,
+                               device=device, scratch=scratch)
+        for caps in bundle.indexer:
+            prewarm_indexer(caps, device=device, scratch=scratch)
+        if bundle.dcp is not None:
+            _prewarm_dcp(bundle.dcp, scratch, rank, max_batched, dcp_group, device)
+        torch.cuda.synchronize(device)
+    with _lock:
+        _presets_done.add(memo)
+    return bundle
+
+
+def _prewarm_dcp(caps: _dcp.DcpCaps, scratch: torch.Tensor, rank: int, max_batched: int, group,
+                 device: torch.device) -> None:
+    """The merge path (convert + pack, all-gather when world > 1, candidate top-k, finalize) at
+    the merge prewarm's row counts, then one conversion and one owner filter (no collective)."""
+    p = _dcp.plan(caps, device=device)
+    _dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=max_batched, group=group)
+    k = caps.k
+    ids = torch.full((1, k), -1, dtype=torch.int32, device=device)
+    ids[0, :8] = torch.arange(8, dtype=torch.int32, device=device)
+    scores = torch.where(ids >= 0, torch.zeros_like(ids, dtype=torch.float32), -math.inf)
+    out_ids, out_scores = torch.empty_like(ids), torch.empty_like(scores)
+    _dcp.convert_to_global(p, local_ids=ids, local_scores=scores, out_ids=out_ids, out_scores=out_scores, rank=rank)
+    _dcp.filter_local(p, global_ids=out_ids, out_local=torch.empty_like(ids),
+                      lengths=torch.empty(1, dtype=torch.int32, device=device), rank=rank)

@@ -1,7 +1,8 @@
-"""Catalog of presets: named model configurations and the kernel specs that serve them.
+"""Catalog of presets: named bundles of kernel specs.
 
-A preset is what an engine deploys (a model at a tensor-parallel degree); its specs are the
-bundle that `b12x.prewarm` makes ready for it."""
+A model preset is what an engine deploys (a model at a tensor-parallel degree); its specs are
+the whole bundle that `b12x.prewarm.prewarm_preset` makes ready for it. Component presets group
+one kernel family for tests and benchmarks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ DEFAULT_PRESET = "deepseek-v3.2-tp8"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """One attention configuration: heads per rank, KV format, top-k width."""
+    """Sparse MLA attention of one model configuration: heads per rank, KV format, top-k width."""
 
     num_heads: int
     kv_format: str = "fp8_ds_mla"
@@ -61,9 +62,19 @@ class DcpConfig:
 
 @dataclass(frozen=True)
 class Preset:
+    """A named bundle of kernel specs.
+
+    A model preset (`model` set) is what an engine deploys: one model at one tensor-parallel
+    degree. Its bundle is every kernel that model's layers call: sparse MLA decode and extend,
+    the lightning indexer (paged logits, MTP row pairs on sm_90a, contiguous prefill logits, top-k
+    with and without scores, the fused path) and the DCP global top-k, so that
+    `b12x.prewarm.prewarm_preset` can load and launch all of it before freeze(). A component
+    preset (`model` None) groups kernels of one family for tests and benchmarks."""
+
     name: str
     description: str
     configs: tuple[ModelConfig | IndexerConfig | DcpConfig, ...]
+    model: str | None = None
 
     def specs(self, archs: tuple[str, ...] = ("sm_90a",)) -> list[KernelSpec]:
         out: list[KernelSpec] = []
@@ -75,28 +86,71 @@ class Preset:
         return out
 
 
-def _tp_presets(model: str, heads_tp1: int, degrees: tuple[int, ...], what: str) -> list[Preset]:
-    return [Preset(f"{model}-tp{tp}", f"{what} at TP{tp}: {heads_tp1 // tp} heads per rank, fp8_ds_mla KV, top-k 2048",
-                   (ModelConfig(heads_tp1 // tp),)) for tp in degrees]
+@dataclass(frozen=True)
+class ServedModel:
+    """A model of DESIGN.md's "Models served": attention heads at TP1, the indexer, and the
+    tensor-parallel degrees whose heads per rank sparse MLA runs natively."""
+
+    name: str
+    slug: str
+    heads_tp1: int
+    index_heads: int
+    degrees: tuple[int, ...]
+    topk: int = 2048
+
+
+# The indexer is replicated over tensor-parallel ranks (its heads are not sharded), so every
+# degree of a model runs the same indexer.
+DEEPSEEK_V32 = ServedModel("DeepSeek-V3.2", "deepseek-v3.2", heads_tp1=128, index_heads=64, degrees=(1, 2, 4, 8))
+GLM5 = ServedModel("GLM-5", "glm-5", heads_tp1=64, index_heads=32, degrees=(1, 2, 4))
+
+
+def model_preset(m: ServedModel, tp: int, kv_format: str = "fp8_ds_mla", suffix: str = "") -> Preset:
+    heads = m.heads_tp1 // tp
+    return Preset(f"{m.slug}-tp{tp}{suffix}",
+                  f"{heads} heads {kv_format}, indexer {m.index_heads} heads c=1, top-k {m.topk}",
+                  (ModelConfig(heads, kv_format, m.topk), IndexerConfig(m.index_heads, (1,), m.topk),
+                   DcpConfig(m.topk)),
+                  model=m.name)
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        *_tp_presets("deepseek-v3.2", 128, (1, 2, 4, 8), "DeepSeek-V3.2"),
-        *_tp_presets("glm-5", 64, (1, 2, 4), "GLM-5 style (64 heads)"),
-        Preset("deepseek-v3.2-tp8-bf16", "DeepSeek-V3.2 at TP8 with a bf16 latent cache", (ModelConfig(16, "bf16"),)),
-        Preset("sparse-mla-all", "every head count and KV format of sparse MLA decode and extend (tests, benchmarks)",
+        *(model_preset(DEEPSEEK_V32, tp) for tp in DEEPSEEK_V32.degrees),
+        *(model_preset(GLM5, tp) for tp in GLM5.degrees),
+        model_preset(DEEPSEEK_V32, 8, "bf16", "-bf16"),
+        Preset("sparse-mla-all", "sparse MLA decode + extend: all heads, both KV formats",
                tuple(ModelConfig(h, f) for f in KV_FORMATS for h in SPARSE_MLA_HEADS)),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),
-        Preset("dcp-topk", "DCP global top-k merge: position conversion, candidate top-k with scores, owner filter",
+        Preset("dcp-topk", "DCP global top-k: convert, merge, owner filter",
                (DcpConfig(),)),
-        Preset("indexer-all", "every indexer head count and compress ratio (tests, benchmarks)",
+        Preset("indexer-all", "indexer: every head count and compress ratio",
                tuple(IndexerConfig(h, (1, 4, 128)) for h in INDEXER_HEADS)),
     ]
 }
+
+
+def model_presets() -> list[Preset]:
+    return [p for p in PRESETS.values() if p.model is not None]
+
+
+def spec_role(spec: KernelSpec) -> str:
+    """What a spec does in its bundle, in a few words (for `b12x-codegen list PRESET`)."""
+    if isinstance(spec, SparseMLASpec):
+        return f"attention {spec.mode}"
+    if isinstance(spec, IndexerLogitsSpec):
+        return {"contiguous": "contiguous logits"}.get(spec.mode, "row-pair logits" if spec.rows_per_unit == 2
+                                                       else "paged logits")
+    if isinstance(spec, TopKSpec):
+        return "top-k" + (" + scores" if spec.with_scores else "")
+    if isinstance(spec, IndexerTopKSpec):
+        return "fused top-k" + (" + scores" if spec.with_scores else "")
+    if isinstance(spec, DcpSpec):
+        return "DCP merge/filter"
+    return spec.family
 
 
 class PresetError(KeyError):

@@ -1,15 +1,16 @@
-"""b12x-codegen: list | emit [--check] | build --preset P | prewarm --preset P | verify | prune."""
+"""b12x-codegen: list [PRESET] | emit [--check] | build --preset P | prewarm --preset P | verify | prune."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import textwrap
 import time
 
 from b12x.artifact_cache import ArtifactCache
 from b12x.errors import B12xError
 
-from .catalog import DEFAULT_PRESET, PRESETS, PresetError, get_preset, parse_archs
+from .catalog import DEFAULT_PRESET, PRESETS, PresetError, get_preset, parse_archs, spec_role
 from .specs import SpecError
 
 
@@ -21,12 +22,33 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+LIST_WIDTH = 100  # `list` fits a 100-column terminal
+
+
+def _fitted_table(headers: list[str], rows: list[list[str]]) -> str:
+    """_table with the last column clipped so that no line is wider than LIST_WIDTH."""
+    used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(headers[:-1]))
+    room = max(8, LIST_WIDTH - used)
+    rows = [r[:-1] + [r[-1] if len(r[-1]) <= room else r[-1][: room - 3] + "..."] for r in rows]
+    return "\n".join(line.rstrip() for line in _table(headers, rows).splitlines())
+
+
 def cmd_list(args) -> int:
-    rows = []
-    for p in PRESETS.values():
-        names = ", ".join(s.name.replace("_sm_90a", "") for s in p.specs(("sm_90a",)))
-        rows.append([p.name + (" (default)" if p.name == DEFAULT_PRESET else ""), p.description, names])
-    print(_table(["preset", "what", "specs (per arch)"], rows))
+    """Without a preset: one line per preset (name, model, spec count, what). With one: its specs."""
+    archs = parse_archs(args.arch)
+    if args.preset:
+        p = get_preset(args.preset)
+        print(f"{p.name}{' (default)' if p.name == DEFAULT_PRESET else ''}: "
+              f"{p.model + ' model preset' if p.model else 'component preset'}")
+        print(textwrap.fill(p.description, LIST_WIDTH))
+        print(_fitted_table(["spec", "arch", "family", "what"],
+                            [[s.name, s.arch, s.family, spec_role(s)] for s in p.specs(archs)]))
+        return 0
+    rows = [[p.name + ("*" if p.name == DEFAULT_PRESET else ""), p.model or "-", str(len(p.specs(archs))),
+             p.description] for p in PRESETS.values()]
+    print(_fitted_table(["preset", "model", "specs", "what"], rows))
+    print(f"* default. specs: count for {', '.join(archs)}; `b12x-codegen list PRESET` names them.")
+    print("model -: a component preset (tests, benchmarks).")
     return 0
 
 
@@ -84,26 +106,26 @@ def cmd_build(args) -> int:
 
 
 def cmd_prewarm(args) -> int:
-    results = _build(args.preset, args.arch, args.jobs)
+    """Build (where the DSL compiler is installed), then on a GPU load and launch the whole bundle
+    through b12x.prewarm.prewarm_preset. A GPU box without the compiler prewarms from the cache."""
+    from b12x.registry import dsl_available
+
+    if dsl_available():
+        _build(args.preset, args.arch, args.jobs)
+    else:
+        get_preset(args.preset)
+        print("nvidia-cutlass-dsl is not installed: nothing is built, artifacts come from the cache")
     import torch
 
     if not torch.cuda.is_available():
-        print(f"artifacts ready for {len(results)} specs; no CUDA device here, so nothing was loaded or launched")
+        print(f"preset {args.preset}: no CUDA device here, so nothing was loaded or launched")
         return 0
-    from b12x import registry
-    from b12x.prewarm import prewarm_sparse_mla
+    from b12x.prewarm import prewarm_preset
 
-    from .catalog import ModelConfig
-
-    for cfg in get_preset(args.preset).configs:
-        if isinstance(cfg, ModelConfig):
-            prewarm_sparse_mla(num_heads=cfg.num_heads, kv_format=cfg.kv_format, topk=cfg.topk,
-                               max_batched=args.max_batched)
-            print(f"prewarmed h={cfg.num_heads} {cfg.kv_format} topk={cfg.topk} max_batched={args.max_batched}")
-        else:  # indexer / DCP bundles: load every artifact (their launches happen in the engine's prewarm)
-            for spec in cfg.specs(results[0].spec.arch):
-                registry.resolve(spec)
-            print(f"loaded {type(cfg).__name__} artifacts")
+    t0 = time.perf_counter()
+    bundle = prewarm_preset(args.preset, max_batched=args.max_batched, max_width=args.max_width)
+    print(f"prewarmed preset {bundle.preset} on {bundle.arch}: {len(bundle.specs())} specs loaded and launched "
+          f"(max_batched={bundle.max_batched}, max_width={bundle.max_width}) in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
@@ -143,7 +165,10 @@ def cmd_prune(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="b12x-codegen", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="presets and their specs").set_defaults(fn=cmd_list)
+    ls = sub.add_parser("list", help="presets (model, spec count), or one preset's specs")
+    ls.add_argument("preset", nargs="?", help="show this preset's specs")
+    ls.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
+    ls.set_defaults(fn=cmd_list)
     e = sub.add_parser("emit", help="render the catalog into generated/")
     e.add_argument("--check", action="store_true", help="exit 1 if generated/ is stale")
     e.set_defaults(fn=cmd_emit)
@@ -154,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         b.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
         b.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
         if name == "prewarm":
-            b.add_argument("--max-batched", type=int, default=256)
+            b.add_argument("--max-batched", type=int, default=256, help="most query rows per call")
+            b.add_argument("--max-width", type=int, default=131072, help="widest indexer row warmed, in entries")
         b.set_defaults(fn=fn)
     sub.add_parser("verify", help="check every cached artifact against its manifest").set_defaults(fn=cmd_verify)
     sub.add_parser("prune", help="delete artifacts that no current catalog spec maps to").set_defaults(fn=cmd_prune)
