@@ -9,6 +9,7 @@ temporary directory with PYTHONPATH unset, so nothing of the checkout is importa
   the build box's cache copied over: every catalog key equals the build box's, every op plans,
   and every artifact of the default bundle loads (tvm_ffi.load_module needs no GPU).
 """
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -56,8 +57,12 @@ def wheel(source, tmp_path_factory) -> Path:
     if importlib.util.find_spec("pip") is None:
         pytest.skip(f"building the wheel needs pip in {sys.executable}")
     dist = tmp_path_factory.mktemp("dist")
-    # no build isolation when this interpreter has the build backend (no download of setuptools)
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    # no build isolation when this interpreter has the build backend pyproject.toml asks for
+    try:
+        local_backend = int(importlib.metadata.version("setuptools").split(".")[0]) >= 68
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        local_backend = False
+    isolation = ["--no-build-isolation"] if local_backend else []
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", dist, source], dist, _env())
     (whl,) = dist.glob("b12x-*.whl")
     return whl
