@@ -36,12 +36,14 @@ def default_cache_dir() -> Path:
 
 
 def artifact_key(spec) -> str:
-    """The content address of a spec's artifact (pure Python: rendering needs no DSL)."""
-    from codegen.render import cute_blocks_hash, render
+    """The content address of a spec's artifact. Pure Python, and no jinja2 needed: the rendered
+    module enters as its sha256, rendered where the templates and jinja2 are at hand, else read
+    from the source index that ships with the package (codegen/identity.py)."""
+    from codegen.identity import cute_blocks_hash, source_digest
     from codegen.toolchain import toolchain_id
 
     h = hashlib.sha256()
-    for part in (spec.canonical_json(), render(spec), cute_blocks_hash(), toolchain_id(), spec.arch):
+    for part in (spec.canonical_json(), source_digest(spec), cute_blocks_hash(), toolchain_id(), spec.arch):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -58,7 +58,10 @@ def loaded_specs() -> list[KernelSpec]:
 
 
 def dsl_available() -> bool:
-    return importlib.util.find_spec("cutlass") is not None
+    """Whether this process could build a missing artifact: the DSL compiler, jinja2 and the templates."""
+    from codegen.identity import can_render
+
+    return importlib.util.find_spec("cutlass") is not None and can_render()
 
 
 def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKernels:
@@ -77,8 +80,8 @@ def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKerne
         if art is None:
             if not dsl_available():
                 raise ArtifactMissingError(
-                    f"kernel {spec.name}: no usable artifact in {cache.root} ({why}) and nvidia-cutlass-dsl is not "
-                    f"installed to build it; build it ahead of time with `b12x-codegen build` "
+                    f"kernel {spec.name}: no usable artifact in {cache.root} ({why}) and nvidia-cutlass-dsl (with "
+                    f"jinja2) is not installed to build it; build it ahead of time with `b12x-codegen build` "
                     f"(key {key[:16]}, spec {spec.canonical_json()})")
             log.warning("b12x: building %s on first use (artifact %s); prebuild with b12x-codegen", spec.name, why)
             from codegen.build import build_one

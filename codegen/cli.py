@@ -53,14 +53,36 @@ def cmd_list(args) -> int:
 
 
 def cmd_emit(args) -> int:
-    from .emit import emit, stale
+    """In a checkout: write (or --check) generated/ and codegen/source_index.json. In an installed
+    wheel there is no generated/: --check compares the shipped index with the shipped templates."""
+    from . import PACKAGE_DIR, SOURCE_INDEX_PATH, SOURCE_TREE, TEMPLATES_DIR
+    from .identity import can_render
 
+    if not can_render():
+        print(f"b12x-codegen: emit renders the templates ({TEMPLATES_DIR}) and needs them and jinja2; "
+              f"install jinja2 (a serving box does not need emit)", file=sys.stderr)
+        return 2
+    from .emit import emit, stale, stale_index
+
+    if not SOURCE_TREE:
+        if not args.check:
+            print(f"b12x-codegen: emit writes generated/ and codegen/source_index.json of a source checkout; this "
+                  f"b12x is installed at {PACKAGE_DIR}: run it in a clone (`emit --check` checks the installed index)",
+                  file=sys.stderr)
+            return 2
+        bad = stale_index()
+        if bad:
+            print(f"source index {SOURCE_INDEX_PATH} is stale ({len(bad)} entries): this wheel was built from a "
+                  f"tree where `b12x-codegen emit` was not run:", *bad, sep="\n  ")
+            return 1
+        print("source index is fresh: it matches the installed templates (installed package: no generated/ to check)")
+        return 0
     if args.check:
         bad = stale()
         if bad:
             print(f"generated/ is stale ({len(bad)} files); run `b12x-codegen emit`:", *bad, sep="\n  ")
             return 1
-        print("generated/ is fresh")
+        print("generated/ and codegen/source_index.json are fresh")
         return 0
     changed = emit()
     print(f"emitted: {len(changed)} files changed" + "".join(f"\n  {p}" for p in changed))
@@ -169,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ls.add_argument("preset", nargs="?", help="show this preset's specs")
     ls.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
     ls.set_defaults(fn=cmd_list)
-    e = sub.add_parser("emit", help="render the catalog into generated/")
-    e.add_argument("--check", action="store_true", help="exit 1 if generated/ is stale")
+    e = sub.add_parser("emit", help="render the catalog into generated/ and codegen/source_index.json")
+    e.add_argument("--check", action="store_true",
+                   help="exit 1 if generated/ or the source index is stale (installed: the index vs the templates)")
     e.set_defaults(fn=cmd_emit)
     for name, fn, what in (("build", cmd_build, "build a preset's artifacts ahead of time (no GPU needed)"),
                            ("prewarm", cmd_prewarm, "build, then load and launch once on the GPU if present")):

@@ -1,19 +1,15 @@
 """Rendering: spec + jinja2 template -> the text of a CuTe DSL module, byte for byte reproducible."""
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 import jinja2.meta
 
-from . import GENERATED_DIR, REPO_ROOT, TEMPLATES_DIR
+from . import GENERATED_DIR, TEMPLATES_DIR
+from .identity import CUTE_BLOCKS_DIR, cute_blocks_hash, hash_files  # noqa: F401 (re-exported)
 from .specs import KernelSpec
-
-# Python sources the generated modules import at build time; they shape the compiled code, so
-# they are hashed into every artifact key along with the template.
-CUTE_BLOCKS_DIR = REPO_ROOT / "codegen" / "cute_blocks"
 
 
 @lru_cache(maxsize=1)
@@ -26,16 +22,6 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-
-
-def _hash_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.name.encode())
-        h.update(b"\0")
-        h.update(p.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 def _template_closure(template: str) -> set[str]:
@@ -55,12 +41,7 @@ def _template_closure(template: str) -> set[str]:
 def template_hash(template: str) -> str:
     """Hash of the template and of what it includes: editing one family's template leaves the
     other families' artifact keys alone."""
-    return _hash_files([TEMPLATES_DIR / t for t in _template_closure(template)])
-
-
-@lru_cache(maxsize=1)
-def cute_blocks_hash() -> str:
-    return _hash_files(list(CUTE_BLOCKS_DIR.rglob("*.py")) if CUTE_BLOCKS_DIR.is_dir() else [])
+    return hash_files([TEMPLATES_DIR / t for t in _template_closure(template)])
 
 
 def header(spec: KernelSpec) -> str:
