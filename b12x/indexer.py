@@ -29,11 +29,10 @@ slot would not fit int32).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
-
-import warnings
 
 import torch
 
@@ -246,9 +245,9 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
          scores: torch.Tensor | None = None, max_len: torch.Tensor | None = None) -> Binding:
     """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
-    - lengths [rows] int32: tokens per row (paged: a row holds floor(lengths[r] / c) entries; the
-      kernels floor-divide) or the end of each row's valid range (contiguous, and top-k of given
-      logits with c = 1).
+    - lengths [rows] int32: paged plans (top-k of given logits included): tokens per row, a row
+      holds floor(lengths[r] / c) entries (the kernels floor-divide); contiguous plans: the end of
+      each row's valid range [starts, ends).
     - width (or logits.shape[1]): the graph-stable logits width, in entries.
     - active_width [1] int32 on the device, optional: the active width in entries, as
       `b12x.metadata.decode_active_width` writes it; the kernels use min(width, active_width[0])
