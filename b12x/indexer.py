@@ -3,7 +3,8 @@
     caps = Caps(num_heads=64, topk=2048, max_batched=128, max_width=131072)
     p = plan(caps)                                                   # resolves kernels
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")       # engine-owned
-    b = bind(p, scratch=scratch, q=q, weights=w, lengths=seq_lens, block_table=bt, width=W)
+    b = bind(p, scratch=scratch, q=q, weights=w, lengths=seq_lens, block_table=bt, width=W,
+             active_width=active_width_buf)                          # optional, [1] int32, entries
     logits = run_logits(b, kv_cache=kv)          # [rows, W] fp32, -inf past each row
     idx, scores = run_topk(b)                     # [rows, K] int32 (-1 tail), fp32 (-inf tail)
     idx, scores = run_index_topk(b, kv_cache=kv)  # both at once (fused for small batches)
@@ -13,13 +14,22 @@ uint8 (DeepGEMM's layout), block_table [requests, pages] int32 with rows = reque
 per-row lengths in tokens; a row holds floor(len / compress_ratio) entries. Contiguous (prefill):
 kv_cache is (kv [n, 128] e4m3, kv_scale [n] fp32) and rows are valid on [starts, ends).
 
-With compressed rows the active width is the graph-stable bound ceil(max_len / c), read on the
-device from `max_len` ([1] int32, filled by the caller): no host sync, and columns past it are
-neither written by run_logits nor read by run_topk. run_* allocate nothing and are CUDA-graph
+Units: `lengths` count tokens; positions, `width` and the active width count entries of the
+(compressed) cache, floor(tokens / c) per row. The active width is read on the device from
+`active_width` ([1] int32, the buffer `b12x.metadata.decode_active_width` fills, in entries: the
+exact max floor(L / c) or the graph-stable bound ceil(max_seq_len / c)), clamped to `width`, and
+never divided again: no host sync, and columns past it are neither written by run_logits nor read
+by run_topk. (`max_len` is its deprecated old name.) run_* allocate nothing and are CUDA-graph
 capturable.
+
+Block-table entries outside [0, kv_cache.shape[0]) never fault: run_logits and the fused path do
+not read such a page and give its entries -inf, and physical top-k slots through such an entry are
+-1 (run_topk knows the cache size from bind(num_blocks=...), else it only rejects entries whose
+slot would not fit int32).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
@@ -38,6 +48,9 @@ from .validate import check_tensor, require
 PAGE = 64
 INDEX_DIM = 128
 K_RECORD = INDEX_DIM + 4
+# Physical slots are int32 (block * 64 + offset): block-table entries at or past this many pages
+# have no slot, so the top-k never counts a larger cache than this (2^25 pages = 283 GB of K).
+MAX_SLOT_BLOCKS = (1 << 31) // PAGE
 
 
 @dataclass(frozen=True)
@@ -206,8 +219,9 @@ class Binding:
     starts: Optional[torch.Tensor]
     block_table: Optional[torch.Tensor]
     rows_per_req: int
-    max_len: Optional[torch.Tensor]
+    active_width: Optional[torch.Tensor]  # [1] int32 on the device, in entries
     physical: bool
+    num_blocks: int                    # K cache pages run_topk checks physical slots against
     logits: Optional[torch.Tensor]
     indices: torch.Tensor
     scores: Optional[torch.Tensor]
@@ -225,17 +239,28 @@ def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple
 
 def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: torch.Tensor | None = None,
          weights: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-         starts: torch.Tensor | None = None, max_len: torch.Tensor | None = None,
+         starts: torch.Tensor | None = None, active_width: torch.Tensor | None = None,
          logits: torch.Tensor | None = None, width: int | None = None, k: int | None = None,
-         physical: bool = False, indices: torch.Tensor | None = None,
-         scores: torch.Tensor | None = None) -> Binding:
+         physical: bool = False, num_blocks: int | None = None, indices: torch.Tensor | None = None,
+         scores: torch.Tensor | None = None, max_len: torch.Tensor | None = None) -> Binding:
     """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
-    lengths [rows] int32: tokens per row (paged; divided by the compress ratio in the kernels) or
-    the end of each row's valid range (contiguous and top-k of given logits). `width` (or
-    logits.shape[1]) is the graph-stable logits width. physical=True returns block-table slots."""
+    - lengths [rows] int32: paged plans (top-k of given logits included): tokens per row, a row
+      holds floor(lengths[r] / c) entries (the kernels floor-divide); contiguous plans: the end of
+      each row's valid range [starts, ends).
+    - width (or logits.shape[1]): the graph-stable logits width, in entries.
+    - active_width [1] int32 on the device, optional: the active width in entries, as
+      `b12x.metadata.decode_active_width` writes it; the kernels use min(width, active_width[0])
+      as it is (no division by c). `max_len` is its deprecated alias: the same buffer in the same
+      unit (a token count there is still correct, only a looser bound).
+    - physical=True returns block-table slots; `num_blocks` (the K cache's pages) makes run_topk
+      give -1 for entries outside [0, num_blocks). run_index_topk takes it from kv_cache."""
+    if max_len is not None:
+        warnings.warn("b12x.indexer.bind(max_len=...) is deprecated: pass active_width= (in entries)",
+                      DeprecationWarning, stacklevel=2)
+        require(active_width is None, "max_len: expected None when active_width is given (max_len is its old name)")
+        active_width = max_len
     caps = plan.caps
-    c = caps.compress_ratio
     _scratch.check(scratch, plan.scratch_bytes(), None)
     dev = scratch.device
     check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)
@@ -248,8 +273,12 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
         check_tensor("weights", weights, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
     if starts is not None:
         check_tensor("starts", starts, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
-    if max_len is not None:
-        check_tensor("max_len", max_len, dtype=torch.int32, shape=(1,), device=dev, align=4)
+    if active_width is not None:
+        check_tensor("active_width", active_width, dtype=torch.int32, shape=(1,), device=dev, align=4)
+    if num_blocks is None:
+        num_blocks = MAX_SLOT_BLOCKS
+    require(isinstance(num_blocks, int) and num_blocks >= 1,
+            f"num_blocks: expected an int >= 1 (the K cache's pages) or None, got {num_blocks!r}")
     if logits is not None:
         _check_rowmajor("logits", logits, torch.float32, (rows, None), dev)
         require(width is None or width == logits.shape[1],
@@ -288,8 +317,8 @@ def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: 
                   plan.regions[f"cand_cnt_{s}"]) for s in "ab")
     g = plan.logits_rows_per_unit(rows_per_req)
     return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
-                   block_table, rows_per_req, max_len, physical, logits, indices, scores, cand,
-                   plan.pages_per_cta(rows // g, width))
+                   block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
+                   indices, scores, cand, plan.pages_per_cta(rows // g, width))
 
 
 def check_kv_cache(kv_cache, mode: str, device: torch.device) -> None:
@@ -321,8 +350,8 @@ def _launch_logits(b: Binding, kv_cache) -> None:
     p = b.plan
     if p.caps.mode == "paged":
         fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows_per_req) == 2 else "logits")["logits"]
-        fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, b.max_len if b.max_len is not None else _dummy(b),
-           b.logits, b.rows_per_req, int(b.max_len is not None), b.pages_per_cta)
+        fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, _active(b), b.logits, b.rows_per_req,
+           int(b.active_width is not None), b.pages_per_cta)
     else:
         fn = p.kernels("logits")["logits"]
         kv, sc = kv_cache
@@ -339,32 +368,50 @@ def _outputs(b: Binding) -> tuple:
     return (b.indices, b.scores) if b.plan.caps.with_scores else (b.indices,)
 
 
+def _active(b: Binding) -> torch.Tensor:
+    """The active-width buffer, or a placeholder the kernels do not read (has_active_width = 0)."""
+    return b.active_width if b.active_width is not None else _dummy(b)
+
+
+def _kv_blocks(b: Binding, kv_cache) -> int:
+    """Pages of a paged K cache as the top-k counts them (see MAX_SLOT_BLOCKS)."""
+    require(not b.physical or kv_cache.shape[0] >= 1,
+            "kv_cache: expected at least one page for physical=True, got 0")
+    return min(int(kv_cache.shape[0]), MAX_SLOT_BLOCKS)
+
+
+def _physical(b: Binding, num_blocks: int) -> int:
+    """The top-k kernels' `physical` argument: 0 for row-relative positions, else the cache's
+    pages (>= 1), against which each block-table entry of a winner is checked (-1 outside)."""
+    return num_blocks if b.physical else 0
+
+
 def _row_args(b: Binding) -> tuple:
-    """(starts, max_len, block_table, ratio) of the top-k launches; placeholders where the binding
-    has none (their flags tell the kernels not to read them)."""
+    """(starts, active_width, block_table, ratio) of the top-k launches; placeholders where the
+    binding has none (their flags tell the kernels not to read them)."""
     dummy = _dummy(b)
-    return (b.starts if b.starts is not None else dummy, b.max_len if b.max_len is not None else dummy,
+    return (b.starts if b.starts is not None else dummy, _active(b),
             b.block_table if b.block_table is not None else dummy.view(1, -1),
             b.plan.caps.compress_ratio if b.plan.caps.mode == "paged" else 1)
 
 
-def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch) -> None:
+def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch, num_blocks: int) -> None:
     """Launch the steps; candidates ping-pong between scratch buffers a and b."""
-    starts, max_len, bt, ratio = _row_args(b)
+    starts, active, bt, ratio = _row_args(b)
     src = 0
     for i, st in enumerate(steps):
         out_groups = max(st.groups_out, 1)
         k_out, p_out, c_out = _cand(b, 1 - src if i else 0, out_groups)
         if i == 0:
-            first_launch(st, (k_out, p_out, c_out), bt, starts, max_len, ratio)
+            first_launch(st, (k_out, p_out, c_out), bt, starts, active, ratio)
             src = 0
             continue
         k_in, p_in, c_in = _cand(b, src, st.groups_in)
         # merge stages never read the logits: any [rows, *] fp32 view will do when there are none
         logits = b.logits if b.logits is not None else b.indices.view(torch.float32)
-        kernels[st.entry](logits, starts, b.lengths, max_len, bt, k_in, p_in, c_in, k_out, p_out, c_out, *_outputs(b),
-                          b.k, ratio, int(b.starts is not None), int(b.max_len is not None), int(b.physical),
-                          b.rows_per_req, st.fan_in)
+        kernels[st.entry](logits, starts, b.lengths, active, bt, k_in, p_in, c_in, k_out, p_out, c_out, *_outputs(b),
+                          b.k, ratio, int(b.starts is not None), int(b.active_width is not None),
+                          _physical(b, num_blocks), b.rows_per_req, st.fan_in)
         src = 1 - src
 
 
@@ -383,6 +430,10 @@ def run_logits(b: Binding, *, kv_cache) -> torch.Tensor:
 
 def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Top-k of b.logits. Returns (indices, scores or None); allocates nothing."""
+    return _run_topk(b, b.num_blocks)
+
+
+def _run_topk(b: Binding, num_blocks: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     p = b.plan
     require(b.logits is not None, "logits: expected a tensor in bind() (or Caps.logits_in_scratch=True), got None")
     if not b.rows:
@@ -391,19 +442,19 @@ def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     kernels = p.kernels("topk")
     row = p.row_final(b.rows, b.width)
     if b.width > t["chunk"] and not row:
-        _run_wide_topk(b, kernels)
+        _run_wide_topk(b, kernels, num_blocks)
         return b.indices, b.scores
     # one CTA per row selects from its logits in shared memory: a single launch, whose candidate
     # buffers (in and out) are unused placeholders
-    starts, max_len, bt, ratio = _row_args(b)
+    starts, active, bt, ratio = _row_args(b)
     cand = _cand(b, 0, 1)
     kernels["row_final" if row else "chunk_final"](
-        b.logits, starts, b.lengths, max_len, bt, *cand, *cand, *_outputs(b), b.k, ratio,
-        int(b.starts is not None), int(b.max_len is not None), int(b.physical), b.rows_per_req, 1)
+        b.logits, starts, b.lengths, active, bt, *cand, *cand, *_outputs(b), b.k, ratio,
+        int(b.starts is not None), int(b.active_width is not None), _physical(b, num_blocks), b.rows_per_req, 1)
     return b.indices, b.scores
 
 
-def _wide_args(b: Binding) -> tuple[torch.Tensor, tuple]:
+def _wide_args(b: Binding, num_blocks: int | None = None) -> tuple[torch.Tensor, tuple]:
     """(histogram, arguments) of the wide-row launches (wide_chunk, wide_ties): views of the
     binding's scratch. The histogram view also holds the sync words the chunk CTAs wait on."""
     p = b.plan
@@ -412,21 +463,21 @@ def _wide_args(b: Binding) -> tuple[torch.Tensor, tuple]:
     tpc = p.wide_tiles_per_cta(b.rows, b.width)
     tiles = -(-b.width // t["wide_tile"])
     ctas = -(-tiles // tpc)                                # CTAs per row
-    starts, max_len, bt, ratio = _row_args(b)
+    starts, active, bt, ratio = _row_args(b)
     hist = _scratch.view(scratch, regions["wide_hist"], (b.rows, (1 << t["wide_bits"]) + 4))
-    return hist, (b.logits, starts, b.lengths, max_len, bt, hist,
+    return hist, (b.logits, starts, b.lengths, active, bt, hist,
                   _scratch.view(scratch, regions["wide_cnt"], (b.rows, 2 * ctas)),
                   _scratch.view(scratch, regions["wide_state"], (b.rows, 4)),
                   _scratch.view(scratch, regions["tie_key"], (b.rows, t["tie_cap"])),
                   _scratch.view(scratch, regions["tie_pos"], (b.rows, t["tie_cap"])),
-                  *_outputs(b), b.k, ratio, int(b.starts is not None), int(b.max_len is not None),
-                  int(b.physical), b.rows_per_req, tpc)
+                  *_outputs(b), b.k, ratio, int(b.starts is not None), int(b.active_width is not None),
+                  _physical(b, b.num_blocks if num_blocks is None else num_blocks), b.rows_per_req, tpc)
 
 
-def _run_wide_topk(b: Binding, kernels) -> None:
+def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
     """Rows wider than one chunk: zeroed histogram and sync words, then the chunk CTAs (histogram ->
     threshold bin -> ranked writes) and the per-row tie pass (see topk.py.j2)."""
-    hist, args = _wide_args(b)
+    hist, args = _wide_args(b, num_blocks)
     hist.zero_()        # the sync words must start at zero on every call; a memset node under capture
     kernels["wide_chunk"](*args)
     kernels["wide_ties"](*args)
@@ -436,22 +487,24 @@ def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torc
     """Logits + top-k: the fused kernel for small batches (no logits in HBM), else run_logits then
     run_topk. Returns (indices, scores or None); allocates nothing."""
     p = b.plan
+    check_kv_cache(kv_cache, p.caps.mode, b.lengths.device)
+    # physical slots are checked against the cache's own pages
+    num_blocks = _kv_blocks(b, kv_cache) if p.caps.mode == "paged" else b.num_blocks
     if not p.use_fused(b.rows, b.width):
         run_logits(b, kv_cache=kv_cache)
-        return run_topk(b)
+        return _run_topk(b, num_blocks)
     require(b.q is not None, "q: expected e4m3 [rows, Hi, 128] in bind() to compute logits, got None")
-    check_kv_cache(kv_cache, p.caps.mode, b.lengths.device)
     if not b.rows:
         return b.indices, b.scores
     t = p.tiling
     steps = topk_schedule(b.width, b.k, t["fused_chunk"], t["merge_cap"], "fused")
     kernels = p.kernels("fused")
 
-    def first(st, outs, bt, starts, max_len, ratio):
-        kernels[st.entry](b.q, b.weights, kv_cache, b.block_table, b.lengths, max_len, *outs, *_outputs(b), b.k,
-                          b.width, int(b.max_len is not None), int(b.physical), b.rows_per_req)
+    def first(st, outs, bt, starts, active, ratio):
+        kernels[st.entry](b.q, b.weights, kv_cache, b.block_table, b.lengths, active, *outs, *_outputs(b), b.k,
+                          b.width, int(b.active_width is not None), _physical(b, num_blocks), b.rows_per_req)
 
-    _run_schedule(b, steps, kernels, first)
+    _run_schedule(b, steps, kernels, first, num_blocks)
     return b.indices, b.scores
 
 
@@ -469,35 +522,36 @@ def _op_caps(num_heads: int, topk: int, compress_ratio: int, mode: str, max_batc
 
 @torch.library.custom_op("b12x::indexer_logits", mutates_args=("logits",), device_types="cuda")
 def indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                      lengths: torch.Tensor, max_len: Optional[torch.Tensor], scratch: torch.Tensor,
+                      lengths: torch.Tensor, active_width: Optional[torch.Tensor], scratch: torch.Tensor,
                       logits: torch.Tensor, compress_ratio: int, max_batched: int, max_width: int) -> None:
-    """logits <- paged indexer logits. scratch: plan(Caps(..., logits_in_scratch=False)).scratch_bytes()."""
+    """logits <- paged indexer logits. active_width: [1] int32 in entries (see bind). scratch:
+    plan(Caps(..., logits_in_scratch=False)).scratch_bytes()."""
     p = _cached_plan(_op_caps(q.shape[1], TOPK_MAX, compress_ratio, "paged", max_batched, max_width, False, False))
-    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table, max_len=max_len,
-             logits=logits)
+    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
+             active_width=active_width, logits=logits)
     run_logits(b, kv_cache=kv_cache)
 
 
 @indexer_logits_op.register_fake
-def _(q, weights, kv_cache, block_table, lengths, max_len, scratch, logits, compress_ratio, max_batched,
+def _(q, weights, kv_cache, block_table, lengths, active_width, scratch, logits, compress_ratio, max_batched,
       max_width) -> None:
     return None
 
 
 @torch.library.custom_op("b12x::indexer_topk", mutates_args=("indices", "scores", "scratch"), device_types="cuda")
 def indexer_topk_op(logits: torch.Tensor, lengths: torch.Tensor, starts: Optional[torch.Tensor],
-                    max_len: Optional[torch.Tensor], block_table: Optional[torch.Tensor], scratch: torch.Tensor,
+                    active_width: Optional[torch.Tensor], block_table: Optional[torch.Tensor], scratch: torch.Tensor,
                     indices: torch.Tensor, scores: Optional[torch.Tensor], compress_ratio: int, topk: int,
                     max_batched: int, max_width: int) -> None:
     """indices (and scores) <- exact top-k of logits; physical slots when block_table is given."""
     p = _cached_plan(_op_caps(8, topk, compress_ratio, "paged", max_batched, max_width, scores is not None, False))
-    b = bind(p, scratch=scratch, lengths=lengths, starts=starts, max_len=max_len, block_table=block_table,
+    b = bind(p, scratch=scratch, lengths=lengths, starts=starts, active_width=active_width, block_table=block_table,
              logits=logits, k=indices.shape[1], physical=block_table is not None, indices=indices, scores=scores)
     run_topk(b)
 
 
 @indexer_topk_op.register_fake
-def _(logits, lengths, starts, max_len, block_table, scratch, indices, scores, compress_ratio, topk, max_batched,
+def _(logits, lengths, starts, active_width, block_table, scratch, indices, scores, compress_ratio, topk, max_batched,
       max_width) -> None:
     return None
 
@@ -505,20 +559,21 @@ def _(logits, lengths, starts, max_len, block_table, scratch, indices, scores, c
 @torch.library.custom_op("b12x::indexer_index_topk", mutates_args=("indices", "scores", "scratch"),
                          device_types="cuda")
 def indexer_index_topk_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                          lengths: torch.Tensor, max_len: Optional[torch.Tensor], scratch: torch.Tensor,
+                          lengths: torch.Tensor, active_width: Optional[torch.Tensor], scratch: torch.Tensor,
                           indices: torch.Tensor, scores: Optional[torch.Tensor], width: int, compress_ratio: int,
                           topk: int, max_batched: int, max_width: int, physical: bool) -> None:
     """indices (and scores) <- top-k of the paged indexer logits (fused when the batch is small).
     scratch: plan(Caps(..., logits_in_scratch=True)).scratch_bytes()."""
     p = _cached_plan(_op_caps(q.shape[1], topk, compress_ratio, "paged", max_batched, max_width, scores is not None,
                               True))
-    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table, max_len=max_len,
-             width=width, k=indices.shape[1], physical=physical, indices=indices, scores=scores)
+    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
+             active_width=active_width, width=width, k=indices.shape[1], physical=physical, indices=indices,
+             scores=scores)
     run_index_topk(b, kv_cache=kv_cache)
 
 
 @indexer_index_topk_op.register_fake
-def _(q, weights, kv_cache, block_table, lengths, max_len, scratch, indices, scores, width, compress_ratio, topk,
+def _(q, weights, kv_cache, block_table, lengths, active_width, scratch, indices, scores, width, compress_ratio, topk,
       max_batched, max_width, physical) -> None:
     return None
 

@@ -43,11 +43,17 @@ def quantize_q(q: torch.Tensor) -> torch.Tensor:
     return q.float().clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-def active_width(width: int, max_len: int | None, compress_ratio: int) -> int:
-    """The graph-stable bound: ceil(max_len / c), never wider than the logits buffer."""
-    if max_len is None:
+def effective_width(width: int, active_width: int | None) -> int:
+    """The columns the kernels consider: the logits width, or the active width (in entries, as
+    b12x.metadata writes it; never divided by the compress ratio) when it is narrower."""
+    if active_width is None:
         return width
-    return min(width, -(-max(max_len, 0) // compress_ratio))
+    return min(width, max(int(active_width), 0))
+
+
+def _pages_in_cache(pages: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Which block-table entries name a page of a cache of `blocks` pages."""
+    return (pages >= 0) & (pages < blocks)
 
 
 def _score(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, scale: torch.Tensor,
@@ -64,23 +70,29 @@ def _score(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor, scale: torch
 
 def indexer_logits_paged_reference(q: torch.Tensor, weights: torch.Tensor, kv: torch.Tensor,
                                    block_table: torch.Tensor, lengths: torch.Tensor, width: int,
-                                   compress_ratio: int = 1, max_len: int | None = None,
+                                   compress_ratio: int = 1, active_width: int | None = None,
                                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """logits [rows, width]: k_scale[t] * sum_h w[r, h] relu(q[r, h] . k[t]) for t < floor(len_r / c)
-    (and t < the active width), -inf elsewhere. Row r uses block_table[r // (rows / requests)]."""
+    """logits [rows, width]: k_scale[t] * sum_h w[r, h] relu(q[r, h] . k[t]) for entries
+    t < floor(len_r / c) (lengths in tokens) and t < the active width (in entries), -inf elsewhere.
+    Row r uses block_table[r // (rows / requests)]; a page whose entry lies outside [0, blocks)
+    is never read and all its entries are -inf."""
     rows = q.shape[0]
     rows_per_req = rows // max(block_table.shape[0], 1)
     k_all, s_all = dequantize_k_pages(kv)
-    act = active_width(width, max_len, compress_ratio)
+    blocks = k_all.shape[0]
+    act = effective_width(width, active_width)
     out = torch.full((rows, width), float("-inf"), dtype=dtype, device=q.device)
     for r in range(rows):
         n = min(max(int(lengths[r]), 0) // compress_ratio, act)
-        if n == 0:
+        if n == 0 or blocks == 0:
             continue
         pages = block_table[r // rows_per_req, :-(-n // PAGE)].long()
-        k = k_all[pages].reshape(-1, INDEX_DIM)[:n]
-        s = s_all[pages].reshape(-1)[:n]
-        out[r, :n] = _score(q[r:r + 1].float(), weights[r:r + 1], k, s, dtype)[0]
+        ok = _pages_in_cache(pages, blocks)
+        safe = torch.where(ok, pages, torch.zeros_like(pages))
+        k = k_all[safe].reshape(-1, INDEX_DIM)[:n]
+        s = s_all[safe].reshape(-1)[:n]
+        row = _score(q[r:r + 1].float(), weights[r:r + 1], k, s, dtype)[0]
+        out[r, :n] = row.masked_fill(~ok.repeat_interleave(PAGE)[:n], float("-inf"))
     return out
 
 
@@ -101,15 +113,18 @@ def indexer_logits_contiguous_reference(q: torch.Tensor, weights: torch.Tensor, 
 
 
 def topk_reference(logits: torch.Tensor, k: int, ends: torch.Tensor | None = None,
-                   starts: torch.Tensor | None = None, compress_ratio: int = 1, max_len: int | None = None,
-                   block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row top-k over the valid range [start, min(end // c, active width)).
+                   starts: torch.Tensor | None = None, compress_ratio: int = 1, active_width: int | None = None,
+                   block_table: torch.Tensor | None = None,
+                   num_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row top-k over the valid range [start, min(end // c, active width)): ends in tokens,
+    positions and the active width in entries.
 
     Returns (indices [rows, k] int32, scores [rows, k] fp32): the winners in ascending position
     order, then a -1 / -inf tail. Indices are row-relative (position - start), or physical slots
-    block_table[r // rows_per_req, pos // 64] * 64 + pos % 64 when a block table is given."""
+    block_table[r // rows_per_req, pos // 64] * 64 + pos % 64 when a block table is given; -1
+    where that entry lies outside [0, num_blocks) (negative entries only, without num_blocks)."""
     rows, width = logits.shape
-    act = active_width(width, max_len, compress_ratio)
+    act = effective_width(width, active_width)
     idx = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     scores = torch.full((rows, k), float("-inf"), dtype=torch.float32, device=logits.device)
     rows_per_req = rows // max(block_table.shape[0], 1) if block_table is not None else 1
@@ -123,8 +138,9 @@ def topk_reference(logits: torch.Tensor, k: int, ends: torch.Tensor | None = Non
         top = torch.topk(vals, n, sorted=False).indices.sort().values
         pos = top + a
         if block_table is not None:
-            pages = block_table[r // rows_per_req].long()
-            out = pages[pos // PAGE] * PAGE + pos % PAGE
+            pages = block_table[r // rows_per_req].long()[pos // PAGE]
+            ok = (pages >= 0) if num_blocks is None else _pages_in_cache(pages, num_blocks)
+            out = torch.where(ok, pages * PAGE + pos % PAGE, torch.full_like(pages, -1))
         else:
             out = pos - a
         idx[r, :n] = out.to(torch.int32)

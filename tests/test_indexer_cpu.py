@@ -115,9 +115,12 @@ def test_paged_logits_reference_semantics():
     blk = int(bt[1, 2])
     want = sum(float(w[2, h]) * max(float(q[2, h].float() @ kd[blk, 2]), 0.0) for h in range(8)) * float(sd[blk, 2])
     assert abs(float(out[2, 130]) - want) <= 1e-4 * abs(want) + 1e-5
-    # compression: floor(300 / 4) = 75 entries; max_len bound ceil(512 / 4) = 128
-    c = indexer_logits_paged_reference(q, w, kv, bt, lengths, width=512, compress_ratio=4, max_len=512)
+    # compression: floor(300 / 4) = 75 entries; the active width counts entries: 128 = ceil(512 / 4)
+    c = indexer_logits_paged_reference(q, w, kv, bt, lengths, width=512, compress_ratio=4, active_width=128)
     assert torch.isfinite(c[2, :75]).all() and torch.isinf(c[2, 75:]).all()
+    # an active width of 70 entries cuts row 2 (75 entries) and is not divided by c again
+    c = indexer_logits_paged_reference(q, w, kv, bt, lengths, width=512, compress_ratio=4, active_width=70)
+    assert torch.isfinite(c[2, :70]).all() and torch.isinf(c[2, 70:]).all()
 
 
 def test_contiguous_logits_reference_bounds():
@@ -150,8 +153,10 @@ def test_topk_reference_semantics():
     phys, _ = topk_reference(logits, 128, ends, block_table=bt)
     pos = idx2.new_tensor(sorted(torch.topk(logits[3, :700], 128).indices.tolist()))
     assert phys[3].tolist() == ((15 - pos // 64) * 64 + pos % 64).tolist()
-    idx4, _ = topk_reference(logits, 128, ends, compress_ratio=4, max_len=1000)
+    idx4, _ = topk_reference(logits, 128, ends, compress_ratio=4, active_width=250)
     assert (idx4[1, :25] == torch.arange(25)).all() and (idx4[1, 25:] == -1).all()       # floor(100 / 4)
+    idx5, _ = topk_reference(logits, 256, ends, compress_ratio=4, active_width=160)     # row 2: 250 entries
+    assert set(idx5[2].tolist()) - {-1} == set(range(160))
 
 
 # ---- plan / bind ------------------------------------------------------------------------------
@@ -237,7 +242,11 @@ def test_bind_views_scratch(plan):
      r"indices: expected dtype torch.int32, got torch.int64"),
     (lambda d: d.update(logits=torch.zeros(ROWS, 100, dtype=torch.float32)[:, ::2]),
      r"logits: expected unit stride in the last dim"),
-    (lambda d: d.update(max_len=torch.zeros(2, dtype=torch.int32)), r"max_len: expected shape \(1,\), got \(2,\)"),
+    (lambda d: d.update(active_width=torch.zeros(2, dtype=torch.int32)),
+     r"active_width: expected shape \(1,\), got \(2,\)"),
+    (lambda d: d.update(active_width=torch.zeros(1, dtype=torch.int64)),
+     r"active_width: expected dtype torch.int32, got torch.int64"),
+    (lambda d: d.update(num_blocks=0), r"num_blocks: expected an int >= 1"),
 ])
 def test_bind_rejects_bad_tensors(plan, mutate, match):
     d = _inputs()
@@ -332,3 +341,122 @@ def test_row_final_route(arch):
         assert not p.row_final(many, t["row_chunk"] + 1)
     else:
         assert t["row_chunk"] == 0 and not p.row_final(many, t["chunk"] + 1)
+
+
+# ---- one unit for the active width: entries, from the metadata helper to every launch ----------
+def _recording_kernels(monkeypatch):
+    """Replace the plan's kernels by recorders of (which, entry, args): no artifacts needed."""
+    calls = []
+
+    class _Kernels:
+        def __init__(self, which):
+            self.which = which
+
+        def __getitem__(self, entry):
+            return lambda *args: calls.append((self.which, entry, args))
+
+    monkeypatch.setattr(ix.IndexerPlan, "kernels", lambda self, which: _Kernels(which))
+    return calls
+
+
+def _active_flag_and_physical(which, entry, args):
+    """(has_active_width, physical) of a recorded launch, by the kernels' argument order."""
+    if which.startswith("logits"):
+        return args[-2], None
+    if entry.startswith("fused_"):
+        return args[-3], args[-2]
+    return args[-4], args[-3]       # top-k stages, wide_chunk, wide_ties
+
+
+@pytest.mark.parametrize("fused,width", [(False, 8192), (False, 20000), (True, 20000)])
+def test_active_width_from_metadata_reaches_every_launch_as_entries(monkeypatch, fused, width):
+    """c = 4, longest row 16384 tokens: the helper writes 4096 entries (exact or graph-stable), and
+    bind / run_index_topk hand that very buffer, unchanged, to the logits and every top-k launch
+    (chunk_final at 8192, the wide top-k at 20000, the fused path and its merges)."""
+    from b12x.metadata import decode_active_width
+
+    buf = torch.zeros(1, dtype=torch.int32)
+    shadow = torch.tensor([16384, 9001, 0, 77], dtype=torch.int32)
+    assert decode_active_width(buf, max_seq_len=16384, compress_ratio=4, seq_lens_cpu=shadow) == 4096
+    assert int(buf) == 4096
+    assert decode_active_width(buf, max_seq_len=16383, compress_ratio=4, authoritative=False) == 4096
+    assert int(buf) == 4096
+
+    calls = _recording_kernels(monkeypatch)
+    p = ix.plan(ix.Caps(num_heads=16, topk=2048, compress_ratio=4, max_batched=4, max_width=32768,
+                        with_scores=True, fused=fused, arch="sm_90a", num_sms=132))
+    rows = 4
+    kv = torch.zeros(7, 64, 132, dtype=torch.uint8)
+    b = ix.bind(p, scratch=_scratch(p), q=torch.zeros(rows, 16, 128).to(torch.float8_e4m3fn),
+                weights=torch.ones(rows, 16), lengths=shadow, block_table=torch.zeros(rows, 313, dtype=torch.int32),
+                width=width, active_width=buf)
+    assert b.active_width is buf
+    ix.run_index_topk(b, kv_cache=kv)
+    entries = {(w, e) for w, e, _ in calls}
+    assert any(e.startswith("fused") for _, e in entries) == fused
+    assert ("logits", "logits") in entries or fused
+    assert any(e in ("chunk_final", "wide_chunk", "merge_final", "fused_final") for _, e in entries)
+    for which, entry, args in calls:
+        assert sum(a is buf for a in args) == 1, f"{which}/{entry}: the active-width buffer itself, once"
+        has_active, physical = _active_flag_and_physical(which, entry, args)
+        assert has_active == 1, f"{which}/{entry}: has_active_width"
+        assert physical in (None, 0), f"{which}/{entry}: row-relative positions, got physical={physical}"
+    assert int(buf) == 4096                 # nothing rescales the caller's buffer
+
+
+def test_rendered_kernels_use_the_active_width_as_entries():
+    """Every kernel that reads the active-width buffer clamps it to the planned width and uses it
+    as it is: no division by the compress ratio (lengths are the only thing divided)."""
+    specs = [IndexerLogitsSpec(num_heads=64, compress_ratio=4), IndexerLogitsSpec(num_heads=16, compress_ratio=128,
+                                                                                   arch="sm_120a"),
+             IndexerLogitsSpec(num_heads=32, compress_ratio=4, rows_per_unit=2), TopKSpec(),
+             IndexerTopKSpec(num_heads=64, compress_ratio=4), IndexerTopKSpec(num_heads=16, compress_ratio=128,
+                                                                                arch="sm_120a")]
+    for spec in specs:
+        reads = [ln.strip() for ln in render(spec).splitlines() if "ActiveWidth[0]" in ln]
+        assert reads, f"{spec.name}: reads the active-width buffer"
+        for ln in reads:
+            assert "max(mActiveWidth[0], 0)" in ln and "min(width," in ln, f"{spec.name}: {ln}"
+            assert "RATIO" not in ln and "ratio" not in ln and "//" not in ln, f"{spec.name}: {ln}"
+
+
+def test_max_len_is_a_deprecated_alias_of_active_width(plan):
+    buf = torch.full((1,), 500, dtype=torch.int32)
+    with pytest.warns(DeprecationWarning, match="active_width"):
+        b = ix.bind(plan, scratch=_scratch(plan), max_len=buf, **_inputs())
+    assert b.active_width is buf
+    with pytest.raises(InputError, match="max_len: expected None when active_width is given"), \
+            pytest.warns(DeprecationWarning):
+        ix.bind(plan, scratch=_scratch(plan), max_len=buf, active_width=buf, **_inputs())
+
+
+def test_physical_slots_know_the_cache_size(monkeypatch):
+    """run_index_topk checks physical slots against kv_cache's pages; run_topk against
+    bind(num_blocks=...), or only against int32 overflow of the slot without it."""
+    calls = _recording_kernels(monkeypatch)
+    p = ix.plan(ix.Caps(num_heads=16, topk=2048, max_batched=2, max_width=4096, arch="sm_90a", num_sms=132))
+    lengths = torch.full((2,), 4000, dtype=torch.int32)
+    bt = torch.zeros(2, 64, dtype=torch.int32)
+    logits = torch.zeros(2, 4096)
+    for kw, want in ((dict(), ix.MAX_SLOT_BLOCKS), (dict(num_blocks=123), 123), (dict(num_blocks=1 << 30),
+                                                                                   ix.MAX_SLOT_BLOCKS)):
+        calls.clear()
+        b = ix.bind(p, scratch=_scratch(p), lengths=lengths, block_table=bt, logits=logits, physical=True, **kw)
+        ix.run_topk(b)
+        assert [_active_flag_and_physical(*c)[1] for c in calls] == [want]
+    assert ix.MAX_SLOT_BLOCKS * 64 - 1 == (1 << 31) - 1           # every slot fits int32
+    # through run_index_topk (fused and not), the cache's own page count
+    q, w = torch.zeros(2, 16, 128).to(torch.float8_e4m3fn), torch.ones(2, 16)
+    for fused in (False, True):
+        pf = ix.plan(ix.Caps(num_heads=16, topk=2048, max_batched=2, max_width=4096, fused=fused, arch="sm_90a",
+                             num_sms=132))
+        calls.clear()
+        b = ix.bind(pf, scratch=_scratch(pf), q=q, weights=w, lengths=lengths, block_table=bt, width=4096,
+                    physical=True, num_blocks=5)
+        ix.run_index_topk(b, kv_cache=torch.zeros(9, 64, 132, dtype=torch.uint8))
+        got = [_active_flag_and_physical(*c)[1] for c in calls]
+        assert got and all(g in (None, 9) for g in got) and 9 in got
+        calls.clear()
+        with pytest.raises(InputError, match="kv_cache: expected at least one page for physical=True, got 0"):
+            ix.run_index_topk(b, kv_cache=torch.zeros(0, 64, 132, dtype=torch.uint8))
+        assert not calls                                   # refused before any launch

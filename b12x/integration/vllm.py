@@ -8,16 +8,23 @@ The call sequence an attention backend uses (see README "vLLM integration"):
     b12x.freeze()
 
     # per step (CUDA-graph capturable, no host sync):
-    width = decode_metadata(active_width_buf, max_seq_len=..., compress_ratio=c, seq_lens_cpu=shadow, ...)
-    indexer.topk(q_fp8, weights, kv_idx, block_table, seq_lens, scratch=ws, out=bufs)        # fills bufs
-    indexer.dcp_global_topk(bufs, rows, scratch=ws)                                           # DCP > 1
+    decode_metadata(active_width_buf, max_seq_len=..., compress_ratio=c, seq_lens_cpu=shadow,
+                    dcp_local_seq_lens_cpu=local_shadow)        # entries of the compressed cache
+    indexer.topk(q_fp8, weights, kv_idx, block_table, seq_lens, scratch=ws, out=bufs,
+                 width=ceil(max_model_len / c), active_width=active_width_buf)                # fills bufs
+    indexer.dcp_global_topk(bufs, rows, scratch=ws, merged=merged_bufs)                       # DCP > 1
     mla.decode(q, kv_cache, indices, lengths, out=attn_out, scratch=ws)
+
+Units: seq_lens and the shadows count tokens; `width`, `active_width_buf` and the top-k positions
+count entries of the (compressed) indexer cache, floor(L / c) per row of L tokens. The buffer that
+`decode_metadata` fills goes to `topk(active_width=...)` as it is.
 
 There is no cached workspace or arena: every call binds the caller's scratch, as vLLM's B12X
 binding rule asks.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -61,13 +68,24 @@ class SparseIndexer:
         return max(self.plan.scratch_bytes(), self.dcp_plan.scratch_bytes() if self.dcp_plan else 0)
 
     def topk(self, q_fp8, weights, kv_cache, block_table, seq_lens, *, scratch, out: _dcp.TopkBuffers,
-             width: int, max_len: Optional[torch.Tensor] = None) -> _dcp.TopkBuffers:
-        """Fill out.indices (and out.scores under DCP) for the first q_fp8.shape[0] rows."""
+             width: int, active_width: Optional[torch.Tensor] = None,
+             max_len: Optional[torch.Tensor] = None) -> _dcp.TopkBuffers:
+        """Fill out.indices (and out.scores under DCP) for the first q_fp8.shape[0] rows.
+
+        seq_lens [rows] int32 in tokens (rank-local under DCP); width: the graph-stable logits
+        width in entries; active_width: the [1] int32 device buffer `decode_metadata` filled
+        (entries, passed on as it is). `max_len` is its deprecated name."""
         rows = q_fp8.shape[0]
         if self.dcp.world > 1 and out.scores is None:
             raise _ix.InputError("topk_scores_buffer: expected a scores buffer under DCP (make_topk_buffers), got None")
+        if max_len is not None:
+            warnings.warn("SparseIndexer.topk(max_len=...) is deprecated: pass active_width= (in entries)",
+                          DeprecationWarning, stacklevel=2)
+            if active_width is not None:
+                raise _ix.InputError("max_len: expected None when active_width is given (max_len is its old name)")
+            active_width = max_len
         b = _ix.bind(self.plan, scratch=scratch, q=q_fp8, weights=weights, lengths=seq_lens, block_table=block_table,
-                     width=width, max_len=max_len, indices=out.indices[:rows],
+                     width=width, active_width=active_width, indices=out.indices[:rows],
                      scores=out.scores[:rows] if self.plan.caps.with_scores else None)
         _ix.run_index_topk(b, kv_cache=kv_cache)
         return out

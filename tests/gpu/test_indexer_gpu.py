@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from b12x import indexer as ix
-from b12x.indexer_reference import (active_width, indexer_logits_contiguous_reference,
+from b12x.indexer_reference import (effective_width, indexer_logits_contiguous_reference,
                                     indexer_logits_paged_reference, quantize_k_pages, quantize_q, topk_reference)
+from b12x.metadata import decode_active_width
 
 pytestmark = pytest.mark.gpu
 
@@ -91,19 +92,20 @@ def test_paged_logits(heads, c, next_n):
     check_logits(ours, ref)
 
 
-def test_paged_logits_max_len_bound_and_strided_pages():
+def test_paged_logits_active_width_bound_and_strided_pages():
     c, rows, width = 4, 6, 4096
     q, w, kv, bt, lengths = paged_case(rows, 32, 2, max_len=width * c, c=c, page_stride=8448 + 512, seed=5)
-    max_len = int(lengths.max())
-    ml = torch.tensor([max_len], dtype=torch.int32, device="cuda")   # the caller's persistent buffer
+    ml = torch.zeros(1, dtype=torch.int32, device="cuda")   # the caller's persistent buffer
+    # the graph-stable bound, in entries: ceil(max_seq_len / c)
+    act = decode_active_width(ml, max_seq_len=int(lengths.max()), compress_ratio=c, authoritative=False)
+    assert act == -(-int(lengths.max()) // c) and int(ml) == act
     p = make_plan(32, c=c, rows=rows, width=width)
     logits = torch.full((rows, width), 12345.0, device="cuda")
-    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt, max_len=ml,
+    b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=lengths, block_table=bt, active_width=ml,
                 logits=logits)
     ix.run_logits(b, kv_cache=kv)
     torch.cuda.synchronize()
-    act = -(-max_len // c)
-    ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, max_len=max_len)
+    ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, active_width=act)
     check_logits(logits[:, :act], ref[:, :act])
     assert torch.all(logits[:, -(-act // 64) * 64:] == 12345.0), "columns past the active width are not written"
 
@@ -263,13 +265,15 @@ def test_topk_compressed_rows_and_physical_slots():
     logits = distinct_logits(rows, width, seed=11)
     g = _gen(12)
     lengths = torch.randint(0, width * c, (rows,), device="cuda", generator=g, dtype=torch.int32)
-    ml = lengths.max().view(1).contiguous()
+    ml = (lengths.max() // c).view(1).contiguous()                 # the exact active width, in entries
     bt = torch.randperm(4096, device="cuda", generator=g)[: rows // next_n * 313].int().view(rows // next_n, 313)
     p = make_plan(k=2048, c=c, rows=rows, width=width)
-    b = ix.bind(p, scratch=scratch_for(p), lengths=lengths, logits=logits, max_len=ml, block_table=bt, physical=True)
+    b = ix.bind(p, scratch=scratch_for(p), lengths=lengths, logits=logits, active_width=ml, block_table=bt,
+                physical=True, num_blocks=4096)
     idx, _ = ix.run_topk(b)
     torch.cuda.synchronize()
-    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, max_len=int(ml), block_table=bt)
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, active_width=int(ml), block_table=bt,
+                                num_blocks=4096)
     check_topk_sets(idx, None, ref_idx)
 
 
@@ -307,10 +311,11 @@ def test_cuda_graph_capture_without_allocation(fused, width):
     """40000: the wide-row top-k (its memset node and row-wide waits) inside the graph."""
     rows, heads, c = 4, 64, 4
     q, w, kv, bt, lengths = paged_case(rows, heads, 2, max_len=width * c, c=c, seed=21)
-    ml = torch.tensor([int(lengths.max())], dtype=torch.int32, device="cuda")
+    ml = torch.zeros(1, dtype=torch.int32, device="cuda")
+    decode_active_width(ml, max_seq_len=width * c, compress_ratio=c, seq_lens_cpu=lengths.cpu())   # entries
     p = make_plan(heads, c=c, rows=rows, width=width, fused=fused)
     scratch = scratch_for(p)
-    b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=width, max_len=ml)
+    b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=width, active_width=ml)
     ix.run_index_topk(b, kv_cache=kv)          # lazy module loads happen before capture
     torch.cuda.synchronize()
     want = b.indices.clone()
@@ -335,21 +340,22 @@ def test_cuda_graph_capture_without_allocation(fused, width):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(b.indices, want)
-    # new lengths and max_len on the device: the same graph follows them, no host sync needed
+    # new lengths and active width on the device: the same graph follows them, no host sync needed
     lengths.copy_(lengths // 2)
-    ml.fill_(int(lengths.max()))
+    decode_active_width(ml, max_seq_len=width * c, compress_ratio=c, seq_lens_cpu=lengths.cpu())
     graph.replay()
     torch.cuda.synchronize()
     if fused:
-        logits = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, max_len=int(ml))
+        logits = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c,
+                                                active_width=int(ml))
     else:
         # the graph's own logits: near-ties at the K-th value within fp32 rounding of the
         # reference cannot flip the comparison of the selection itself
-        act = active_width(width, int(ml), c)        # columns past it are not written
-        ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, max_len=int(ml))
+        act = effective_width(width, int(ml))        # columns past it are not written
+        ref = indexer_logits_paged_reference(q, w, kv, bt, lengths, width, compress_ratio=c, active_width=int(ml))
         check_logits(b.logits[:, :act], ref[:, :act])
         logits = b.logits
-    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, max_len=int(ml))
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, active_width=int(ml))
     check_topk_sets(b.indices, None, ref_idx)
 
 
