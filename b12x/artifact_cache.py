@@ -351,11 +351,12 @@ class ArtifactCache:
                 os.unlink(p)
         raise OSError(errno.EEXIST, f"{p} keeps changing under us")
 
-    def _make_entry_dirs(self, key: str, arch: str) -> Path:
+    def _make_entry_dirs(self, key: str, arch: str, *, entry: bool = True) -> Path:
+        """The directories down to the entry's (entry=False: down to its parent, where it is built)."""
         root = self.ensure_writable()
         d = self.entry_dir(key, arch)
         try:
-            for p in (root / "v1", root / "v1" / arch, d.parent, d):
+            for p in (root / "v1", root / "v1" / arch, d.parent, d)[: 4 if entry else 3]:
                 self._make_dir(p)
         except OSError as e:
             raise CacheError(f"cache dir {root}: cannot make {d} safe to use ({e.strerror or e})") from None
@@ -431,7 +432,7 @@ class ArtifactCache:
             art, _ = self.check(key, arch)
             if art is not None:
                 return art, False
-            d = self._make_entry_dirs(key, arch)
+            d = self._make_entry_dirs(key, arch, entry=False)  # the entry dir itself appears with the files
             self._remove_leftovers(key, arch)
             work = Path(tempfile.mkdtemp(prefix=f".{key}.build-", dir=d.parent))
             try:

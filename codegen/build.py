@@ -182,8 +182,7 @@ def _build_arch(arch: str, specs: list[KernelSpec], keys: dict, cache_root: str,
     for s in specs:
         tasks.put(s)
     answers: queue.Queue = queue.Queue()
-    # Started from this thread: a worker's death signal follows the thread that forked it.
-    workers = [_Worker(arch) for _ in range(min(jobs, len(specs)))]
+    workers: list[_Worker] = []
 
     def serve(w: _Worker) -> None:
         while True:
@@ -199,6 +198,8 @@ def _build_arch(arch: str, specs: list[KernelSpec], keys: dict, cache_root: str,
 
     failed = True
     try:
+        for _ in range(min(jobs, len(specs))):  # forked from this thread, which their death signal follows
+            workers.append(_Worker(arch))
         for w in workers:
             threading.Thread(target=serve, args=(w,), name="b12x-build", daemon=True).start()
         for _ in specs:

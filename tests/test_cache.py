@@ -299,3 +299,18 @@ def test_swapping_kernel_so_after_verification_does_not_change_what_is_loaded(tm
     loaded = registry.resolve(SparseMLASpec(num_heads=16), SwapAfterVerify())
     assert marker.read_text() == "good\n"
     assert loaded.functions == {}
+
+
+def test_prune_cleans_leftovers_except_of_a_build_in_progress(tmp_cache):
+    c = ArtifactCache()
+    other = "cd" + "1" * 62
+    for key in (KEY, other):
+        c.get_or_build(key, ARCH, _fake_build(b"x" * 100))
+        d = c.entry_dir(key, ARCH)
+        (d / ".kernel.so.k1ll3d").write_bytes(b"partial")
+        (d.parent / f".{key}.build-k1ll3d").mkdir()
+    with c.lock(other):  # someone is building `other` right now
+        assert c.clean_leftovers() == 2
+    assert not (c.entry_dir(KEY, ARCH) / ".kernel.so.k1ll3d").exists()
+    assert (c.entry_dir(other, ARCH) / ".kernel.so.k1ll3d").exists()
+    assert c.check(KEY, ARCH)[1] == "ok" and c.check(other, ARCH)[1] == "ok"
