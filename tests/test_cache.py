@@ -108,6 +108,13 @@ def _symlink_to_world_writable_copy(d: Path) -> None:
     (d / "kernel.so").symlink_to(copy)
 
 
+def _symlinked_arch_dir(d: Path) -> None:
+    arch = d.parents[1]
+    moved = arch.parent.parent / "elsewhere"
+    arch.rename(moved)
+    arch.symlink_to(moved)
+
+
 def _hard_link(d: Path) -> None:
     os.link(d / "kernel.so", d.parent / "second-name.so")
 
@@ -123,6 +130,7 @@ def _chmod_gw(rel: str):
 UNSAFE = [
     pytest.param(_symlink_to_world_writable_copy, "kernel.so is a symlink", id="so-symlink"),
     pytest.param(_hard_link, "kernel.so has 2 hard links", id="so-hardlink"),
+    pytest.param(_symlinked_arch_dir, "v1/sm_90a is a symlink", id="arch-dir-symlink"),
     *[pytest.param(_chmod_gw(rel), "writable by group or others", id=f"{rel}-go+w")
       for rel in ("v1", "arch", "fan", "key", "kernel.so", "manifest.json")],
 ]
