@@ -15,7 +15,7 @@ from codegen.specs import KernelSpec
 
 from .artifact_cache import Artifact, ArtifactCache, artifact_key
 from .errors import ArtifactMissingError, KernelResolutionFrozenError
-from .loader import load_module
+from .loader import load_module_bytes
 
 log = logging.getLogger("b12x")
 
@@ -64,19 +64,32 @@ def dsl_available() -> bool:
     return importlib.util.find_spec("cutlass") is not None and can_render()
 
 
+def _cache_state(spec: KernelSpec, cache: ArtifactCache) -> str:
+    """What the cache holds for a spec, for the frozen error (reading only, never building)."""
+    try:
+        art, why = cache.check(artifact_key(spec), spec.arch)
+    except Exception as e:  # the message must still name the spec
+        return f"its cache entry could not be checked: {e}"
+    if art is not None:
+        return f"its cache entry in {cache.root} is intact but was not loaded"
+    if why == "missing":
+        return f"no cache entry in {cache.root}"
+    return f"its cache entry in {cache.root} is refused: {why}"
+
+
 def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKernels:
     with _lock:
         hit = _loaded.get(spec)
         if hit is not None:
             return hit
+        cache = cache or ArtifactCache()
         if _frozen:
             raise KernelResolutionFrozenError(
-                f"kernel {spec.name} is not loaded and b12x is frozen; prewarm it before freeze(). "
-                f"Missing spec: {spec.canonical_json()}")
-        cache = cache or ArtifactCache()
+                f"kernel {spec.name} is not loaded and b12x is frozen; prewarm it before freeze() "
+                f"({_cache_state(spec, cache)}). Missing spec: {spec.canonical_json()}")
         key = artifact_key(spec)
         cache.ensure_root()
-        art, why = cache.check(key, spec.arch)
+        art, data, why = cache.read_verified(key, spec.arch)
         if art is None:
             if not dsl_available():
                 raise ArtifactMissingError(
@@ -86,10 +99,10 @@ def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKerne
             log.warning("b12x: building %s on first use (artifact %s); prebuild with b12x-codegen", spec.name, why)
             from codegen.build import build_one
 
-            art, why = cache.check(build_one(spec, cache).key, spec.arch)
+            art, data, why = cache.read_verified(build_one(spec, cache).key, spec.arch)
             if art is None:
                 raise ArtifactMissingError(f"kernel {spec.name}: build finished but the artifact is {why}")
-        module = load_module(art.so_path)
+        module = load_module_bytes(data, f"{spec.name}.so")
         loaded = LoadedKernels(spec, art, module, {n: module[n] for n in art.entry_points})
         _loaded[spec] = loaded
         return loaded

@@ -180,8 +180,19 @@ def cmd_prune(args) -> int:
         if key not in live:
             shutil.rmtree(d)
             removed += 1
-    print(f"pruned {removed} stale artifacts from {cache.root}")
+    leftovers = cache.clean_leftovers()
+    print(f"pruned {removed} stale artifacts and {leftovers} leftovers of killed builds from {cache.root}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,13 +211,15 @@ def main(argv: list[str] | None = None) -> int:
         b = sub.add_parser(name, help=what)
         b.add_argument("--preset", default=DEFAULT_PRESET)
         b.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
-        b.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+        b.add_argument("--jobs", type=_positive_int, default=max(1, min(4, os.cpu_count() or 1)),
+                       help="build worker processes (default: up to 4)")
         if name == "prewarm":
             b.add_argument("--max-batched", type=int, default=256, help="most query rows per call")
             b.add_argument("--max-width", type=int, default=131072, help="widest indexer row warmed, in entries")
         b.set_defaults(fn=fn)
     sub.add_parser("verify", help="check every cached artifact against its manifest").set_defaults(fn=cmd_verify)
-    sub.add_parser("prune", help="delete artifacts that no current catalog spec maps to").set_defaults(fn=cmd_prune)
+    pr = sub.add_parser("prune", help="delete artifacts that no current catalog spec maps to, and what killed builds left")
+    pr.set_defaults(fn=cmd_prune)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -1,12 +1,20 @@
 """Ahead-of-time build with no GPU: the decode family for sm_90a and sm_120a (a representative
 subset; `b12x-codegen build --preset sparse-mla-all --arch sm_90a,sm_120a` builds all)."""
+import contextlib
+import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from b12x.artifact_cache import ArtifactCache
+from b12x.artifact_cache import ArtifactCache, artifact_key
 from codegen.build import build_specs
-from codegen.specs import SparseMLASpec
+from codegen.specs import DcpSpec, SparseMLASpec
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +51,72 @@ def test_cli_bad_preset_exits_2(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown preset 'nope'" in err
     assert main(["build", "--arch", "sm_70"]) == 2
+
+
+def test_builds_are_byte_reproducible(tmp_path, monkeypatch):
+    """Two builds of one spec, in separate processes and cache dirs, give the same kernel.so."""
+    spec = DcpSpec(arch="sm_90a")
+    sos = []
+    for name in ("first", "second-with-a-longer-path"):
+        monkeypatch.setenv("B12X_CACHE_DIR", str(tmp_path / name))
+        (r,) = build_specs([spec], ArtifactCache(), jobs=1)
+        assert r.built
+        sos.append(r.so_path.read_bytes())
+    assert sos[0] == sos[1]
+
+
+def test_first_use_build_from_a_script_without_main_guard(tmp_cache, tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "from b12x import registry\n"
+        "from codegen.specs import DcpSpec\n"
+        "k = registry.resolve(DcpSpec(arch='sm_90a'))\n"
+        "print('resolved', sorted(k.functions))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resolved ['convert_pack', 'filter_local', 'finalize', 'gather_scores']" in p.stdout
+    assert ArtifactCache().check(artifact_key(DcpSpec(arch="sm_90a")), "sm_90a")[1] == "ok"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+def test_sigkill_of_the_build_leaves_no_orphan_workers(tmp_cache):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cli = subprocess.Popen([sys.executable, "-m", "codegen.cli", "build", "--preset", "dcp-topk", "--jobs", "2"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60  # both workers are building once both keys are locked
+        while len(list(tmp_cache.glob("locks/*.lock"))) < 2 and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.05)
+        workers = _children(cli.pid)
+        assert len(workers) >= 2, "the build never started two workers"
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(10)
+        deadline = time.monotonic() + 3
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)], "build workers outlived the killed parent"
+    finally:
+        for w in workers:  # leave nothing behind if the assertion failed
+            with contextlib.suppress(OSError):
+                os.kill(w, signal.SIGKILL)
+        if cli.poll() is None:
+            cli.kill()
