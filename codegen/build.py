@@ -30,7 +30,6 @@ from typing import Callable, Iterator
 from b12x.artifact_cache import ArtifactCache, artifact_key
 from b12x.errors import CacheError
 
-from .render import render
 from .specs import KernelSpec
 from .toolchain import check_builder_toolchain, toolchain_id
 
@@ -93,6 +92,8 @@ def compile_module(spec: KernelSpec, workdir: Path) -> tuple[Path, dict, str]:
     arch = os.environ.get("CUTE_DSL_ARCH")
     if arch != spec.arch:
         raise RuntimeError(f"CUTE_DSL_ARCH: expected {spec.arch} for {spec.name}, got {arch!r}")
+    from .render import render  # jinja2: only where a module is compiled, never on a serving box
+
     source = render(spec)
     src_path = workdir / f"{spec.name}.py"
     src_path.write_text(source)
