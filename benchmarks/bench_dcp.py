@@ -144,8 +144,9 @@ def main() -> int:
         print(f"{r['rows']:>5} | {r['ours_local_us']:13.1f} {r['torch_local_us']:14.1f} {r['speedup']:7.2f} | {m}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**run_info(torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), k=K, world=W),
-                       "local": local, "nccl": nccl}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, gpus=torch.cuda.device_count(),
+                            k=K, world=W)
+            json.dump({**info, "local": local, "nccl": nccl}, f, indent=1)
     return 0
 
 

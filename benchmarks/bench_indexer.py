@@ -132,8 +132,8 @@ def main() -> int:
               f"{r['topk_speedup']:7.2f} | {r['ours_pipeline_us']:8.1f} {pp} {pr} {str(r['fused']):>5}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**run_info(torch.cuda.get_device_name(), deep_gemm=deepgemm.version()), "rows": results},
-                      f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, deep_gemm=deepgemm.version())
+            json.dump({**info, "rows": results}, f, indent=1)
     return 0
 
 

@@ -91,7 +91,8 @@ def main() -> int:
         print(f"{r['s_q']:>5} {r['heads']:>4} | {r['ours_bf16_us']:12.1f} {peer} {ratio} {r['bf16_tflops']:7.1f} {ptf} | {fp8}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**run_info(torch.cuda.get_device_name()), "rows": rows_out}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__)
+            json.dump({**info, "rows": rows_out}, f, indent=1)
     return 0
 
 

@@ -99,6 +99,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     with open(a.json) as f:
         data = json.load(f)
-    print(f"{data.get('device', 'unknown device')}, {data.get('date', 'undated')}, commit {data.get('commit', 'unknown')}")
+    print(f"{data.get('device', 'unknown device')}, {data.get('date', 'undated')}, "
+          f"commit {data.get('commit', 'unknown')}")
     print()
     print(TABLES[a.kind](data))
