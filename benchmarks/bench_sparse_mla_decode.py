@@ -110,8 +110,8 @@ def main() -> int:
               f"{100 * r['bf16_roofline_share']:5.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**run_info(torch.cuda.get_device_name(), torch=torch.__version__), "rows": rows}, f,
-                      indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__)
+            json.dump({**info, "rows": rows}, f, indent=1)
     return 0
 
 

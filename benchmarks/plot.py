@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, commit, dcp_local_bytes  # noqa: E402
+from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, commit  # noqa: E402
 
 ROOF = dict(color="k", lw=1.0, ls="-.")
 
@@ -142,7 +142,7 @@ def plot_dcp(data: dict, path: str) -> None:
     if data.get("nccl"):
         nccl = sorted(data["nccl"], key=lambda r: r["rows"])
         ax.plot([r["rows"] for r in nccl], [r["merge_us"] for r in nccl], "^:", label="b12x merge_topk, 2 GPUs (NCCL)")
-    ax.plot(rows, [dcp_local_bytes(r, k, world) / HBM_BYTES_PER_S * 1e6 for r in rows], **ROOF,
+    ax.plot(rows, [r["ours_local_us"] * r["roofline_share"] for r in local], **ROOF,
             label=f"roofline, local part ({HBM_BYTES_PER_S / 1e12:.1f} TB/s)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -2,7 +2,7 @@
 
     python benchmarks/tables.py {decode,extend,indexer,dcp} RESULT.json
 
-Shares of the roofline use the H200 figures of benchmarks/roofline.py (4.3 TB/s, 790 TFLOP/s)."""
+The shares of the roofline are the bench's (benchmarks/roofline.py: 4.3 TB/s, 790 TFLOP/s)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, dcp_local_bytes, topk_bytes  # noqa: E402
+from benchmarks.roofline import BF16_FLOP_PER_S  # noqa: E402
 
 NA = "n/a"
 
@@ -63,15 +63,11 @@ def extend_table(data: dict) -> str:
 def indexer_table(data: dict) -> str:
     out = []
     for r in sorted(data["rows"], key=lambda r: (r["next_n"], r["batch"], r["ctx"])):
-        rows = r["batch"] * r["next_n"]
-        topk_share = r.get("topk_hbm_share")
-        if topk_share is None:
-            topk_share = topk_bytes(rows, r["ctx"], 2048) / HBM_BYTES_PER_S * 1e6 / r["ours_topk_us"]
         dg, dgp = r.get("peer_logits_us"), r.get("peer_pipeline_us")
         out.append([str(r["next_n"]), str(r["batch"]), str(r["ctx"]), _f(r["ours_logits_us"], ".1f"), _f(dg, ".1f"),
                     _f(dg / r["ours_logits_us"] if dg else None, ".2f"), _pct(r["logits_hbm_share"]),
                     _f(r["ours_topk_us"], ".1f"), _f(r["torch_topk_us"], ".1f"), _f(r["topk_speedup"], ".2f"),
-                    _pct(topk_share), _f(r["ours_pipeline_us"], ".1f"), _f(dgp, ".1f"),
+                    _pct(r["topk_hbm_share"]), _f(r["ours_pipeline_us"], ".1f"), _f(dgp, ".1f"),
                     _f(dgp / r["ours_pipeline_us"] if dgp else None, ".2f")])
     return _table(["next_n", "B", "L", "ours logits µs", "DeepGEMM µs", "logits ratio", "logits % roofline",
                    "ours top-k µs", "torch.topk µs", "top-k speedup", "top-k % roofline", "ours pipeline µs",
@@ -79,13 +75,11 @@ def indexer_table(data: dict) -> str:
 
 
 def dcp_table(data: dict) -> str:
-    k, world = data.get("k", 2048), data.get("world", 2)
     nccl = {r["rows"]: r["merge_us"] for r in data.get("nccl") or []}
     out = []
     for r in sorted(data["local"], key=lambda r: r["rows"]):
-        share = dcp_local_bytes(r["rows"], k, world) / HBM_BYTES_PER_S * 1e6 / r["ours_local_us"]
         out.append([str(r["rows"]), _f(r["ours_local_us"], ".1f"), _f(r["torch_local_us"], ".1f"),
-                    _f(r["speedup"], ".2f"), _pct(share), _f(nccl.get(r["rows"]), ".1f")])
+                    _f(r["speedup"], ".2f"), _pct(r["roofline_share"]), _f(nccl.get(r["rows"]), ".1f")])
     return _table(["rows", "ours local µs", "torch ops µs", "speedup", "ours % roofline", "2-GPU merge µs (NCCL)"],
                   out)
 
