@@ -21,6 +21,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from b12x import dcp  # noqa: E402
+from benchmarks.roofline import HBM_BYTES_PER_S, dcp_local_bytes, run_info  # noqa: E402
 from benchmarks.timing import time_rotated  # noqa: E402
 
 K, W = 2048, 2
@@ -74,7 +75,8 @@ def bench_local() -> list[dict]:
         gi[1].copy_(sets[0][0])
         gs[1].copy_(sets[0][1])
         ref = time_rotated([lambda s=s: torch_local_merge(s[0], s[1], gi, gs, 0) for s in sets])
-        r = {"rows": rows, "ours_local_us": ours, "torch_local_us": ref, "speedup": ref / ours}
+        r = {"rows": rows, "ours_local_us": ours, "torch_local_us": ref, "speedup": ref / ours,
+             "roofline_share": dcp_local_bytes(rows, K, W) / HBM_BYTES_PER_S * 1e6 / ours}
         print(json.dumps(r), flush=True)
         res.append(r)
     return res
@@ -142,7 +144,9 @@ def main() -> int:
         print(f"{r['rows']:>5} | {r['ours_local_us']:13.1f} {r['torch_local_us']:14.1f} {r['speedup']:7.2f} | {m}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"local": local, "nccl": nccl}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, gpus=torch.cuda.device_count(),
+                            k=K, world=W)
+            json.dump({**info, "local": local, "nccl": nccl}, f, indent=1)
     return 0
 
 

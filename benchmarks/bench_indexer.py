@@ -16,7 +16,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 
@@ -25,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from b12x import indexer as ix  # noqa: E402
 from b12x.indexer_reference import quantize_k_pages  # noqa: E402
 from benchmarks.peers import deepgemm  # noqa: E402
-from benchmarks.timing import HBM_BYTES_PER_S, time_rotated  # noqa: E402
+from benchmarks.roofline import HBM_BYTES_PER_S, run_info, topk_bytes  # noqa: E402
+from benchmarks.timing import time_rotated  # noqa: E402
 
 H = 64
 K = 2048
@@ -111,6 +111,7 @@ def main() -> int:
                 r["logits_speed_vs_peer"] = (r["peer_logits_us"] / r["ours_logits_us"]) if r["peer_logits_us"] else None
                 r["topk_speedup"] = r["torch_topk_us"] / r["ours_topk_us"]
                 r["logits_hbm_share"] = (k_bytes + rows * ctx * 4) / HBM_BYTES_PER_S * 1e6 / r["ours_logits_us"]
+                r["topk_hbm_share"] = topk_bytes(rows, ctx, K) / HBM_BYTES_PER_S * 1e6 / r["ours_topk_us"]
                 results.append(r)
                 print(json.dumps(r), flush=True)
                 del sets, binds, scratch
@@ -131,9 +132,8 @@ def main() -> int:
               f"{r['topk_speedup']:7.2f} | {r['ours_pipeline_us']:8.1f} {pp} {pr} {str(r['fused']):>5}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                       "commit": os.environ.get("B12X_COMMIT", "unknown"), "deep_gemm": deepgemm.version(),
-                       "rows": results}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, deep_gemm=deepgemm.version())
+            json.dump({**info, "rows": results}, f, indent=1)
     return 0
 
 

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -21,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from b12x.attention import sparse_mla as sm  # noqa: E402
 from b12x.reference import quantize_fp8_ds_mla  # noqa: E402
 from benchmarks.peers import flashmla  # noqa: E402
-from benchmarks.timing import BF16_FLOP_PER_S, HBM_BYTES_PER_S, roofline_us, time_rotated  # noqa: E402
+from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, roofline_us, run_info  # noqa: E402
+from benchmarks.timing import time_rotated  # noqa: E402
 
 TOPK = 2048
 SETS = 8
@@ -110,8 +110,8 @@ def main() -> int:
               f"{100 * r['bf16_roofline_share']:5.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                       "commit": os.environ.get("B12X_COMMIT", "unknown"), "rows": rows}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__)
+            json.dump({**info, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -22,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from b12x.attention import sparse_mla as sm  # noqa: E402
 from benchmarks.bench_sparse_mla_decode import make_pool  # noqa: E402
 from benchmarks.peers import flashmla  # noqa: E402
-from benchmarks.timing import BF16_FLOP_PER_S, roofline_us, time_rotated  # noqa: E402
+from benchmarks.roofline import BF16_FLOP_PER_S, roofline_us, run_info  # noqa: E402
+from benchmarks.timing import time_rotated  # noqa: E402
 
 TOPK = 2048
 SETS = 2
@@ -91,8 +91,8 @@ def main() -> int:
         print(f"{r['s_q']:>5} {r['heads']:>4} | {r['ours_bf16_us']:12.1f} {peer} {ratio} {r['bf16_tflops']:7.1f} {ptf} | {fp8}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                       "commit": os.environ.get("B12X_COMMIT", "unknown"), "rows": rows_out}, f, indent=1)
+            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__)
+            json.dump({**info, "rows": rows_out}, f, indent=1)
     return 0
 
 

@@ -1,93 +1,167 @@
-"""Plot a benchmark JSON (bench_sparse_mla_decode/extend.py, bench_indexer.py --json) into a PNG beside RESULTS.md."""
+"""Plot a benchmark JSON (bench_sparse_mla_decode/extend.py, bench_indexer.py, bench_dcp.py --json)
+into the PNG that benchmarks/RESULTS.md shows, with the roofline and the commit measured.
+
+    python benchmarks/plot.py {decode,extend,indexer,dcp} RESULT.json OUT.png
+
+The commit in the title is the JSON's; a JSON without one (older runs wrote "unknown") takes
+$B12X_COMMIT, else the checkout's HEAD, and says so on stderr."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, commit  # noqa: E402
+
+ROOF = dict(color="k", lw=1.0, ls="-.")
+
+
+def run_commit(data: dict) -> str:
+    c = str(data.get("commit") or "unknown")
+    if c != "unknown":
+        return c
+    c = commit()
+    print(f"plot: the JSON names no commit; using {c} ($B12X_COMMIT or the checkout's HEAD)", file=sys.stderr)
+    return c
+
+
+def title(data: dict, what: str) -> str:
+    return f"{what} on {data.get('device', 'unknown device')} ({data.get('date', 'undated')}, {run_commit(data)[:10]})"
+
 
 def plot_decode(data: dict, path: str) -> None:
+    """µs per call against batch, one panel per head count; the roofline is the fp8 call's
+    bytes at 4.3 TB/s or its FLOPs at 790 TFLOP/s, whichever is longer."""
     rows = data["rows"]
     heads = sorted({r["heads"] for r in rows})
-    fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 3.6), sharey=False)
+    fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 3.6), sharey=False, squeeze=False)
+    axes = axes[0]
     for ax, h in zip(axes, heads):
         rs = sorted((r for r in rows if r["heads"] == h), key=lambda r: r["batch"])
         b = [r["batch"] for r in rs]
-        ax.plot(b, [r["ours_fp8_us"] for r in rs], "o-", label="b12x fp8")
+        ax.plot(b, [r["ours_fp8_us"] for r in rs], "o-", label="b12x fp8 KV")
         if any(r["peer_fp8_us"] for r in rs):
-            label = "FlashMLA fp8" + (" (q padded to 64 heads)" if h < 64 else "")
-            ax.plot(b, [r["peer_fp8_us"] for r in rs], "s--", label=label)
+            label = "FlashMLA fp8 KV" + (" (q padded to 64 heads)" if h < 64 else "")
+            ax.plot(b, [r["peer_fp8_us"] or float("nan") for r in rs], "s--", label=label)
         ax.plot(b, [r["ours_bf16_us"] for r in rs], "^:", label="b12x bf16 KV")
+        ax.plot(b, [r["ours_fp8_us"] * r["fp8_roofline_share"] for r in rs], **ROOF, label="roofline (fp8 KV)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"h={h}, top-k 2048")
         ax.set_xlabel("batch (rows)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("µs per call (median, CUDA graph)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"sparse MLA decode on {data['device']} ({data['date']}, {data['commit'][:10]})")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title(data, "sparse MLA decode"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def plot_extend(data: dict, path: str) -> None:
+    """Useful TFLOP/s against heads, one panel per s_q, under the 790 TFLOP/s bf16 roofline."""
     rows = data["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, s_q in zip(axes, sorted({r["s_q"] for r in rows})):
+    sqs = sorted({r["s_q"] for r in rows})
+    fig, axes = plt.subplots(1, len(sqs), figsize=(5 * len(sqs), 3.9), squeeze=False)
+    axes = axes[0]
+    for ax, s_q in zip(axes, sqs):
         rs = sorted((r for r in rows if r["s_q"] == s_q), key=lambda r: r["heads"])
         h = [r["heads"] for r in rs]
         ax.plot(h, [r["bf16_tflops"] for r in rs], "o-", label="b12x bf16 KV")
-        ax.plot(h, [r["fp8_tflops"] for r in rs], "^:", label="b12x fp8 KV")
+        if any(r.get("fp8_tflops") for r in rs):
+            ax.plot(h, [r.get("fp8_tflops") or float("nan") for r in rs], "^:", label="b12x fp8 KV")
         if any(r["peer_tflops"] for r in rs):
             ax.plot(h, [r["peer_tflops"] or float("nan") for r in rs], "s--",
-                    label="FlashMLA bf16 (h<64: padded to 64; useful FLOPs)")
+                    label="FlashMLA bf16 KV (h<64: padded to 64; useful FLOPs)")
+        ax.axhline(BF16_FLOP_PER_S / 1e12, **ROOF, label=f"roofline ({BF16_FLOP_PER_S / 1e12:.0f} TFLOP/s bf16)")
         ax.set_xscale("log", base=2)
+        ax.set_ylim(0, BF16_FLOP_PER_S / 1e12 * 1.08)
         ax.set_title(f"s_q={s_q}, top-k 2048")
         ax.set_xlabel("heads")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("TFLOP/s (useful)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"sparse MLA extend on {data['device']} ({data['date']}, {data['commit'][:10]})")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(labels))
+    fig.suptitle(title(data, "sparse MLA extend"))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
 
 
 def plot_indexer(data: dict, path: str) -> None:
-    """Top-k speedup over torch.topk and pipeline speedup over DeepGEMM + torch.topk, per context."""
+    """Logits as a share of the HBM roofline (ours and DeepGEMM), then the top-k and pipeline
+    speedups against their floors, per context."""
     rows = data["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for (ax, key, floor, title) in ((axes[0], "topk", 3.0, "top-k alone: torch.topk / b12x"),
-                                    (axes[1], "pipeline", 1.3, "logits + top-k: (DeepGEMM + torch.topk) / b12x")):
-        for n in sorted({r["next_n"] for r in rows}):
-            for b in sorted({r["batch"] for r in rows}):
-                rs = sorted((r for r in rows if r["batch"] == b and r["next_n"] == n), key=lambda r: r["ctx"])
-                if key == "topk":
-                    y = [r["topk_speedup"] for r in rs]
-                else:
-                    y = [r["peer_pipeline_us"] / r["ours_pipeline_us"] if r["peer_pipeline_us"] else float("nan")
-                         for r in rs]
-                ax.plot([r["ctx"] for r in rs], y, "o-" if n == 1 else "s--", label=f"B={b}, next_n={n}")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    groups = [(n, b) for n in sorted({r["next_n"] for r in rows}) for b in sorted({r["batch"] for r in rows})]
+    for n, b in groups:
+        rs = sorted((r for r in rows if r["batch"] == b and r["next_n"] == n), key=lambda r: r["ctx"])
+        ctx = [r["ctx"] for r in rs]
+        style = "o-" if n == 1 else "s--"
+        line, = axes[0].plot(ctx, [100 * r["logits_hbm_share"] for r in rs], style, label=f"B={b}, next_n={n}")
+        axes[0].plot(ctx, [100 * r["logits_hbm_share"] * r["ours_logits_us"] / r["peer_logits_us"]
+                           if r.get("peer_logits_us") else float("nan") for r in rs], ":", color=line.get_color(),
+                     lw=0.8)
+        axes[1].plot(ctx, [r["topk_speedup"] for r in rs], style, color=line.get_color())
+        axes[2].plot(ctx, [r["peer_pipeline_us"] / r["ours_pipeline_us"] if r.get("peer_pipeline_us") else float("nan")
+                           for r in rs], style, color=line.get_color())
+    axes[0].axhline(100, **ROOF, label=f"roofline ({HBM_BYTES_PER_S / 1e12:.1f} TB/s)")
+    axes[0].set_title("logits: % of the HBM roofline (dotted: DeepGEMM)", fontsize=9)
+    axes[0].set_ylabel("% of roofline")
+    axes[0].set_ylim(0, 110)
+    for ax, floor, name in ((axes[1], 3.0, "top-k alone: torch.topk / b12x"),
+                            (axes[2], 1.3, "logits + top-k: (DeepGEMM + torch.topk) / b12x")):
         ax.axhline(floor, color="k", lw=0.8, ls=":")
+        ax.set_title(f"{name} (dotted: the floor, {floor:g}x)", fontsize=9)
+        ax.set_ylabel("speedup")
+    for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.set_title(title, fontsize=9)
         ax.set_xlabel("context (tokens)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("speedup (dotted: the floor)")
-    axes[1].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"lightning indexer, H=64, K=2048, on {data['device']} ({data['date']}, {data['commit'][:10]})")
+    axes[0].legend(fontsize=6, ncol=2, loc="lower right")
+    fig.suptitle(title(data, f"lightning indexer, H=64, K=2048, DeepGEMM {data.get('deep_gemm', '?')}"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def plot_dcp(data: dict, path: str) -> None:
+    """The local part of the merge (ours and the same steps in torch ops) against rows, with its
+    HBM roofline, and the whole 2-GPU merge with its NCCL all-gather where it ran."""
+    k, world = data.get("k", 2048), data.get("world", 2)
+    local = sorted(data["local"], key=lambda r: r["rows"])
+    rows = [r["rows"] for r in local]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.plot(rows, [r["ours_local_us"] for r in local], "o-", label="b12x, local part (graph replay)")
+    ax.plot(rows, [r["torch_local_us"] for r in local], "s--", label="torch ops, local part")
+    if data.get("nccl"):
+        nccl = sorted(data["nccl"], key=lambda r: r["rows"])
+        ax.plot([r["rows"] for r in nccl], [r["merge_us"] for r in nccl], "^:", label="b12x merge_topk, 2 GPUs (NCCL)")
+    ax.plot(rows, [r["ours_local_us"] * r["roofline_share"] for r in local], **ROOF,
+            label=f"roofline, local part ({HBM_BYTES_PER_S / 1e12:.1f} TB/s)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("rows")
+    ax.set_ylabel("µs per call (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title(data, f"DCP global top-k, K={k}, W={world}"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+PLOTS = {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer, "dcp": plot_dcp}
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=("decode", "extend", "indexer"))
+    ap.add_argument("kind", choices=tuple(PLOTS))
     ap.add_argument("json")
     ap.add_argument("png")
     a = ap.parse_args()
     with open(a.json) as f:
-        {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer}[a.kind](json.load(f), a.png)
+        PLOTS[a.kind](json.load(f), a.png)

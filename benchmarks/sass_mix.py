@@ -8,7 +8,7 @@ and `nvdisasm`, and the script prints per kernel: registers, the static instruct
 most frequent opcodes, and the instructions between consecutive CTA barriers (the usual unit of a
 pipelined main loop: one page, one tile). Static counts are not executed counts, but the loop
 bodies between barriers are what a page or tile issues, and time tracked them closely in the
-indexer logits kernel (benchmarks/NOTES-indexer.md).
+indexer logits kernel (docs/notes/indexer-logits.md).
 
 Needs `ptxas` (CUDA toolkit) and `nvdisasm` on PATH or in $NVDISASM; the pip wheel
 nvidia-cuda-nvdisasm provides the latter (bin/ inside the nvidia/cu13 package directory)."""

@@ -6,9 +6,6 @@ from typing import Callable, Sequence
 
 import torch
 
-HBM_BYTES_PER_S = 4.3e12   # device-to-device copy measured on this H200 (bytes read + written)
-BF16_FLOP_PER_S = 790e12   # dense bf16 matmul measured on this H200
-
 
 def time_rotated(calls: Sequence[Callable[[], object]], replays: int = 30, warmup: int = 3) -> float:
     """Median microseconds per call. `calls` are launches over distinct input sets; one graph
@@ -37,7 +34,3 @@ def time_rotated(calls: Sequence[Callable[[], object]], replays: int = 30, warmu
         times.append(a.elapsed_time(b) * 1e3 / len(calls))
     del graph
     return statistics.median(times)
-
-
-def roofline_us(flops: float, nbytes: float) -> float:
-    return max(flops / BF16_FLOP_PER_S, nbytes / HBM_BYTES_PER_S) * 1e6

@@ -17,21 +17,21 @@ WGMMA_ENABLED = True
 # sm_90a fp8 64-head decode blocks: producer warpgroup + two fp16 K stages (see decode_tiling).
 PRODUCER_ENABLED = True
 # Sparse MLA decode's combine: above this many splits per row, "combine_many_splits" runs. It
-# loads every split of a thread before the weights are known, guarded rather than clamped (ptxas
-# sank the clamped loads below the lse reduction; H200, same run: h=128 B=4 16.6 -> 15.7-15.9 µs,
-# B=8 21.7 -> 20.7-20.9, h=16 B=4 9.8 -> 9.3-9.5). Its 62 registers halve the CTAs an SM holds,
-# which costs where a call has few splits and many CTAs (h=128 B=32, 2 splits: 53.9 -> 55.7):
-# "combine" loads the first COMBINE_FEW_SPLITS (34 registers). The runtime picks by this bound
-# (b12x.attention.sparse_mla.combine_entry).
+# loads every split of a thread before the weights are known, guarded rather than clamped,
+# because ptxas sinks clamped loads below the lse reduction and the kernel then waits for two or
+# three L2 round trips instead of one. Its 62 registers halve the CTAs an SM holds, which only
+# costs where a call has few splits and many CTAs; above this bound the grid fits one wave. Up to
+# it, "combine" (34 registers) loads the first COMBINE_FEW_SPLITS, i.e. every split. The runtime
+# picks by this bound (b12x.attention.sparse_mla.combine_entry); docs/notes/combine.md.
 COMBINE_FEW_SPLITS = 4
-# sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N. Measured
-# against the mma.sync kernels (H200, 5508034): extend h=32 s_q 4096 bf16 3080 -> 2238-2298 µs;
-# decode fp8 h=16 B=8 19.8 -> 16.9, h=32 B=128 146 -> 139; extend h=16 and decode h=16 B=128
-# within noise. Fewer than 64 heads not listed run one 64-head block whose rows past the heads
-# stay empty: fp8 extend at 32 heads, whose dequant then runs in the producer warpgroup beside
-# the MMAs instead of in the MMA warps (H200, same run: extend s_q 4096 3607/3448 -> 2939/2796
-# µs; decode B=128, one split per row, 110.1/110.8 -> 90.7/90.4). Decode splits at 32 heads stay
-# heads-as-N: faster at small batches (B=4 13.5 vs 14.7 µs for h=64 in the 64-head form).
+# sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N, so that
+# 16 or 32 heads fill the wgmma N dimension instead of padding M to 64 (which doubles the tensor
+# work and left the mma.sync kernels issue- and latency-bound). Fewer than 64 heads not listed
+# run one 64-head block whose rows past the heads stay empty: fp8 extend at 32 heads, where the
+# dequant then runs in the producer warpgroup beside the MMAs instead of in the MMA warps; the
+# empty MMA rows cost less than the dequant they move off the MMA warps. Decode splits at 32
+# heads stay heads-as-N: faster at small batches than the 64-head form (docs/notes/mma-forms.md,
+# docs/notes/launch-and-splits.md).
 HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (16, 32)
               for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
 
@@ -107,28 +107,27 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         raw_stages = 1 if fp8 else 0
         if heads_as_n:
             # fp8: two warpgroups, M = 64 tokens for S^T (warpgroup 0), 4 blocks of 64 value dims
-            # of O^T each, all 8 warps dequantise (H200, 4 warps -> 8: decode h=16 B=32 37.1 ->
-            # 32.2 µs, B=128 120.7 -> 100.1; extend h=16 s_q 4096 3490 -> 2890). bf16: one
-            # warpgroup (8 warps measured 3-7% slower: extend h=32 2300-2390 -> 2410-2470 µs).
+            # of O^T each, all 8 warps dequantise: with 4 the dequant sets the pace. bf16: one
+            # warpgroup; with no dequant to share, a second one measured slower.
             warps_m, warps_n = 4, (2 if fp8 else 1)
             raw_stages = {32: 2, 16: 3}[head_block] if fp8 else 0
             if not fp8 and mode == "extend":
                 # one K stage, P in its RoPE block: two CTAs per SM, one gathers while the other
-                # multiplies (H200 s_q 4096: h=32 2300-2490 -> 2032-2040 µs, h=16 1897 -> 1797-1806;
-                # decode B=32-128 measured 4-19% slower this way and keeps two stages)
+                # multiplies. Decode keeps two stages: one stage measured slower for its rows
+                # (docs/notes/extend.md).
                 stages = 1
             if fp8 and head_block == 16:
                 # records go global -> registers while the tile before is multiplied (no raw
-                # smem), one warpgroup, one K stage: 95 KB, so two CTAs share an SM. H200, decode
-                # B=128: raw smem 100.1 µs -> registers with two stages and 8 warps 90.8 -> this
-                # 82.6-82.8. 32 heads do not fit it (128 O^T accumulators + the prefetch > 255
-                # registers) and measured slower with two stages (B=128 114 -> 124).
+                # smem), one warpgroup, one K stage: 95 KB, so two CTAs share an SM and each fills
+                # the other's serial chain. 32 heads do not fit it (128 O^T accumulators + the
+                # record registers > 255), and with two stages they measured slower than raw
+                # shared-memory stages.
                 warps_n, stages, raw_stages = 1, 1, 0
         producer = fp8 and head_block == 64 and PRODUCER_ENABLED
         if producer:
-            # the 256-thread loop ran dequant -> S -> softmax -> PV of a tile back to back; a
-            # producer warpgroup overlaps the dequant of t+1 (H200 decode fp8, same run:
-            # h=128 B=128 245.6 -> 220.4 µs, B=32 69.2 -> 62.7, B=8 27.0 -> 25.0; B=1 12.7 -> 12.3)
+            # a producer warpgroup dequantises tile t+1 while the MMA warps run tile t; without
+            # it the dequant sits on the critical path between S, the softmax and P V of a tile
+            # (docs/notes/decode-pipeline.md)
             stages, raw_stages = 2, 0
     else:
         # sm_120a: 99 KB of smem. A 16-head block with 32-token tiles fits.

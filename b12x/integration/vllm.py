@@ -1,19 +1,30 @@
 """vLLM-shaped entry points for a DeepSeek-V3.2-style sparse attention backend.
 
-The call sequence an attention backend uses (see README "vLLM integration"):
+The call sequence an attention backend uses (README "DCP global top-k, decode metadata, vLLM
+adapter"; tests/test_readme_examples.py checks that these calls exist as written):
 
     # __init__ of the backend / indexer layer, once per layer kind:
-    bufs = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)   # target AND MTP draft
-    prewarm(model=SparseModel(...), max_batched=..., dcp=(group, rank, world, interleave), scratch=workspace)
+    dcp = DcpConfig(world=dcp_size, rank=dcp_rank, interleave=interleave, group=dcp_group)
+    bufs = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)    # target AND MTP draft
+    merged = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)  # DCP > 1: the global top-k
+    indexer = SparseIndexer(num_heads=64, topk=topk, max_batched=max_batched, max_width=max_width, dcp=dcp)
+    mla = SparseMLA(num_heads=num_heads, topk=topk, kv_format="fp8_ds_mla", max_batched=max_batched)
+    ws = torch.empty(max(indexer.scratch_bytes(), mla.scratch_bytes()), dtype=torch.uint8, device=dev)
+    prewarm(num_heads=num_heads, topk=topk, max_batched=max_batched, indexer=indexer, dcp=dcp, scratch=ws)
+    b12x.prewarm.prewarm_indexer(indexer.plan.caps, scratch=ws)   # prewarm covers sparse MLA and the DCP merge
     b12x.freeze()
 
     # per step (CUDA-graph capturable, no host sync):
-    decode_metadata(active_width_buf, max_seq_len=..., compress_ratio=c, seq_lens_cpu=shadow,
-                    dcp_local_seq_lens_cpu=local_shadow)        # entries of the compressed cache
-    indexer.topk(q_fp8, weights, kv_idx, block_table, seq_lens, scratch=ws, out=bufs,
-                 width=ceil(max_model_len / c), active_width=active_width_buf)                # fills bufs
-    indexer.dcp_global_topk(bufs, rows, scratch=ws, merged=merged_bufs)                       # DCP > 1
-    mla.decode(q, kv_cache, indices, lengths, out=attn_out, scratch=ws)
+    decode_metadata(active_width_buf, max_seq_len=max_seq_len, compress_ratio=c, seq_lens_cpu=shadow,
+                    dcp_local_seq_lens_cpu=local_shadow)          # entries of the compressed cache
+    indexer.topk(q_fp8, weights, kv_idx, block_table, seq_lens, scratch=ws, out=bufs, width=width,
+                 active_width=active_width_buf)                   # fills bufs
+    indexer.dcp_global_topk(bufs, rows, scratch=ws, merged=merged)  # DCP > 1
+    mla.decode(q, kv_cache, slots, slot_lengths, out=attn_out, scratch=ws, sm_scale=softmax_scale)
+
+`slots` are flat KV slots (block * 64 + offset) of each row's selection: the engine converts the
+indexer's row-relative positions (or, under DCP, takes this rank's share of `merged`,
+`b12x.dcp.filter_local`).
 
 Units: seq_lens and the shadows count tokens; `width`, `active_width_buf` and the top-k positions
 count entries of the (compressed) indexer cache, floor(L / c) per row of L tokens. The buffer that

@@ -1,0 +1,99 @@
+"""Print the markdown table of a benchmark JSON, as benchmarks/RESULTS.md shows it.
+
+    python benchmarks/tables.py {decode,extend,indexer,dcp} RESULT.json
+
+The shares of the roofline are the bench's (benchmarks/roofline.py: 4.3 TB/s, 790 TFLOP/s)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.roofline import BF16_FLOP_PER_S  # noqa: E402
+
+NA = "n/a"
+
+
+def _f(v, fmt: str) -> str:
+    return NA if v is None else format(v, fmt)
+
+
+def _pct(v) -> str:
+    if v is None:
+        return NA
+    return f"{100 * v:.1f}%" if v < 0.1 else f"{100 * v:.0f}%"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def decode_table(data: dict) -> str:
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["batch"], r["heads"])):
+        peer = r["peer_fp8_us"]
+        out.append([str(r["batch"]), str(r["heads"]), _f(r["ours_fp8_us"], ".1f"), _f(peer, ".1f"),
+                    _f(r["ours_fp8_us"] / peer if peer else None, ".2f"), _pct(r["fp8_roofline_share"]),
+                    _pct(r["fp8_roofline_share"] * r["ours_fp8_us"] / peer if peer else None),
+                    _f(r["ours_bf16_us"], ".1f"), _pct(r["bf16_roofline_share"])])
+    return _table(["B", "H", "ours fp8 µs", "FlashMLA fp8 µs", "ratio", "ours % roofline", "FlashMLA % roofline",
+                   "ours bf16-KV µs", "bf16-KV % roofline"], out)
+
+
+def extend_table(data: dict) -> str:
+    roof = BF16_FLOP_PER_S / 1e12
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["s_q"], r["heads"])):
+        peer = r["peer_bf16_us"]
+        fp8 = r.get("ours_fp8_us")
+        out.append([str(r["s_q"]), str(r["heads"]), _f(r["ours_bf16_us"], ".0f"), _f(peer, ".0f"),
+                    _f(r["ours_bf16_us"] / peer if peer else None, ".2f"),
+                    f"{r['bf16_tflops']:.0f} ({r['bf16_tflops'] / roof:.0%})",
+                    NA if not r.get("peer_tflops") else f"{r['peer_tflops']:.0f} ({r['peer_tflops'] / roof:.0%})",
+                    _f(fp8, ".0f"), NA if not fp8 else f"{r['fp8_tflops']:.0f} ({r['fp8_tflops'] / roof:.0%})"])
+    return _table(["s_q", "H", "ours bf16 µs", "FlashMLA bf16 µs", "ratio", "ours bf16 TFLOP/s (% roofline)",
+                   "FlashMLA TFLOP/s (% roofline)", "ours fp8 µs", "ours fp8 TFLOP/s (% roofline)"], out)
+
+
+def indexer_table(data: dict) -> str:
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["next_n"], r["batch"], r["ctx"])):
+        dg, dgp = r.get("peer_logits_us"), r.get("peer_pipeline_us")
+        out.append([str(r["next_n"]), str(r["batch"]), str(r["ctx"]), _f(r["ours_logits_us"], ".1f"), _f(dg, ".1f"),
+                    _f(dg / r["ours_logits_us"] if dg else None, ".2f"), _pct(r["logits_hbm_share"]),
+                    _f(r["ours_topk_us"], ".1f"), _f(r["torch_topk_us"], ".1f"), _f(r["topk_speedup"], ".2f"),
+                    _pct(r["topk_hbm_share"]), _f(r["ours_pipeline_us"], ".1f"), _f(dgp, ".1f"),
+                    _f(dgp / r["ours_pipeline_us"] if dgp else None, ".2f")])
+    return _table(["next_n", "B", "L", "ours logits µs", "DeepGEMM µs", "logits ratio", "logits % roofline",
+                   "ours top-k µs", "torch.topk µs", "top-k speedup", "top-k % roofline", "ours pipeline µs",
+                   "DG + torch µs", "pipeline ratio"], out)
+
+
+def dcp_table(data: dict) -> str:
+    nccl = {r["rows"]: r["merge_us"] for r in data.get("nccl") or []}
+    out = []
+    for r in sorted(data["local"], key=lambda r: r["rows"]):
+        out.append([str(r["rows"]), _f(r["ours_local_us"], ".1f"), _f(r["torch_local_us"], ".1f"),
+                    _f(r["speedup"], ".2f"), _pct(r["roofline_share"]), _f(nccl.get(r["rows"]), ".1f")])
+    return _table(["rows", "ours local µs", "torch ops µs", "speedup", "ours % roofline", "2-GPU merge µs (NCCL)"],
+                  out)
+
+
+TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table, "dcp": dcp_table}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=tuple(TABLES))
+    ap.add_argument("json")
+    a = ap.parse_args()
+    with open(a.json) as f:
+        data = json.load(f)
+    print(f"{data.get('device', 'unknown device')}, {data.get('date', 'undated')}, "
+          f"commit {data.get('commit', 'unknown')}")
+    print()
+    print(TABLES[a.kind](data))
