@@ -166,9 +166,8 @@ class IndexerPlan:
         return -(-tiles // min(tiles, per_row))
 
     def use_fused(self, rows: int, width: int) -> bool:
-        """The fused score+select path only when Caps.fused asks for it: on the H200 grid, logits
-        then the wide-row top-k measured faster at every point the fused path used to take
-        (B=8 at 64K-128K; benchmarks/RESULTS.md)."""
+        """The fused score+select path only when Caps.fused asks for it: logits then the wide-row
+        top-k are faster wherever the fused path used to be chosen (docs/notes/topk.md)."""
         return self.fused_spec is not None and bool(self.caps.fused)
 
 
