@@ -33,7 +33,7 @@ def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
     fn = next(f for f in ast.walk(ast.parse(src)) if isinstance(f, ast.FunctionDef) and f.name == "index_at")
     body = ast.unparse(fn)
     assert "Uint32(idx) < n_slots" in body and "slot = idx" in body
-    assert "Uint32(mKV.shape[0]) * Uint32(PAGE_SIZE)" in src   # the bound is the cache tensor's own blocks
+    assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(PAGE_SIZE)" in src   # the bound is the cache tensor's own blocks
 
 
 def test_dcp_filter_reads_the_block_table_only_behind_its_bound():
