@@ -118,6 +118,21 @@ def plan(caps: DcpCaps, device: torch.device | str = "cuda") -> DcpPlan:
     return p
 
 
+def _check_rank(p: DcpPlan, rank) -> None:
+    """A rank outside the plan's world would give ids that another rank also produces."""
+    w = p.caps.world
+    require(isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < w,
+            f"rank: expected an int in [0, {w}) (DcpCaps.world={w}), got {rank!r}")
+
+
+def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
+    """One all-gather into a flat tensor, rank-major. torch 2.13 deprecates
+    all_gather_into_tensor (a FutureWarning on every call) in favour of all_gather_single, which
+    older torch lacks."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
 def _view(scratch: torch.Tensor, p: DcpPlan, name: str, shape: Sequence[int]) -> torch.Tensor:
     return _scratch.view(scratch, p.regions[name], tuple(shape))
 
@@ -127,6 +142,8 @@ def _check_buffers(p: DcpPlan, scratch, local_ids, local_scores, out_ids, out_sc
     check_tensor("local_ids", local_ids, dtype=torch.int32, shape=(None, k), contiguous=True)
     rows = local_ids.shape[0]
     dev = local_ids.device
+    # local_ids sets the device the other buffers are checked against: its own is checked first
+    require(dev.type == p.device_type, f"local_ids: expected a {p.device_type} tensor (the plan's), got {dev}")
     require(rows <= p.caps.max_rows, f"local_ids: expected at most DcpCaps.max_rows={p.caps.max_rows} rows, got {rows}")
     if local_scores is None and p.caps.world > 1:
         raise InputError(f"topk_scores_buffer: expected an fp32 [rows, {k}] scores buffer for DCP {what} with "
@@ -138,7 +155,6 @@ def _check_buffers(p: DcpPlan, scratch, local_ids, local_scores, out_ids, out_sc
         check_tensor("out_scores", out_scores, dtype=torch.float32, shape=(rows, k), contiguous=True, device=dev)
     if scratch is not None:
         _scratch.check(scratch, p.scratch_bytes(), dev)
-    require(dev.type == p.device_type, f"local_ids: expected a {p.device_type} tensor (the plan's), got {dev}")
     return rows
 
 
@@ -147,6 +163,7 @@ def convert_to_global(p: DcpPlan, *, local_ids: torch.Tensor, local_scores: Opti
                       scratch: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Convert-only mode: this rank's local top-k as global ids (the ranks' outputs together are
     the union of the local top-k). No collective."""
+    _check_rank(p, rank)
     _check_buffers(p, None, local_ids, local_scores, out_ids, out_scores, "convert-only mode")
     c = p.caps
     if out_scores is None:
@@ -172,6 +189,7 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
     As a set the row is exact; its order is unspecified (on GPUs, winners come in rank-major
     candidate order), and a winner with score -inf is -1 wherever it sits. out_scores, when
     given, is position-aligned with out_ids."""
+    _check_rank(p, rank)
     rows = _check_buffers(p, scratch, local_ids, local_scores, out_ids, out_scores, "global top-k merge")
     c = p.caps
     w, k = c.world, c.k
@@ -189,7 +207,7 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
         send_ids.copy_(local_to_global(local_ids, world=w, rank=rank, interleave=c.interleave))
         send_scores.copy_(local_scores.masked_fill(local_ids < 0, -math.inf))
     if w > 1:
-        dist.all_gather_into_tensor(gathered.view(-1), send.view(-1), group=group)
+        _all_gather_into(gathered.view(-1), send.view(-1), group)
     else:
         gathered[0].copy_(send)
     if rows == 0:
@@ -223,12 +241,16 @@ def filter_local(p: DcpPlan, *, global_ids: torch.Tensor, out_local: torch.Tenso
                  local_lens: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
                  rows_per_req: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention side: keep the global ids this rank owns, as local positions (or physical slots
-    through `block_table` [reqs, pages]), compacted to the front in order with a -1 tail;
-    lengths = min(count, local_lens) (count without local_lens)."""
+    through `block_table` [reqs, pages]; row r reads table row r // rows_per_req), compacted to
+    the front in order with a -1 tail; lengths = min(count, local_lens) (count without
+    local_lens). With a block table, an owned id whose local position is at or past
+    pages * 64 is dropped like -1 (neither kept nor counted)."""
     c = p.caps
+    _check_rank(p, rank)
     check_tensor("global_ids", global_ids, dtype=torch.int32, ndim=2, contiguous=True)
     rows, width = global_ids.shape
     dev = global_ids.device
+    require(dev.type == p.device_type, f"global_ids: expected a {p.device_type} tensor (the plan's), got {dev}")
     check_tensor("out_local", out_local, dtype=torch.int32, shape=(rows, width), contiguous=True, device=dev)
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
     if local_lens is not None:
@@ -236,6 +258,12 @@ def filter_local(p: DcpPlan, *, global_ids: torch.Tensor, out_local: torch.Tenso
     if block_table is not None:
         check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev)
         require(block_table.stride(1) == 1, f"block_table: expected unit column stride, got {block_table.stride()}")
+        require(isinstance(rows_per_req, int) and not isinstance(rows_per_req, bool) and rows_per_req >= 1,
+                f"rows_per_req: expected an int >= 1, got {rows_per_req!r}")
+        reqs = -(-rows // rows_per_req)
+        require(block_table.shape[0] >= reqs,
+                f"block_table: expected at least {reqs} rows ({rows} rows of global_ids / rows_per_req="
+                f"{rows_per_req}), got {block_table.shape[0]}")
     if rows == 0:
         return out_local, lengths
     if dev.type == "cuda":
@@ -246,9 +274,11 @@ def filter_local(p: DcpPlan, *, global_ids: torch.Tensor, out_local: torch.Tenso
     keep = (global_ids >= 0) & (owner_of(global_ids, world=c.world, interleave=c.interleave) == rank)
     local = global_to_local(global_ids, world=c.world, interleave=c.interleave)
     if block_table is not None:
+        keep &= local < block_table.shape[1] * 64
         req = torch.arange(rows, device=dev) // rows_per_req
-        pages = block_table[req[:, None], (local // 64).clamp(min=0)]
-        local = pages * 64 + local % 64
+        if block_table.shape[1]:
+            pages = block_table[req[:, None], torch.where(keep, local // 64, 0)]
+            local = pages * 64 + local % 64
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept entries first, in order
     counts = keep.sum(1).to(torch.int32)
     compact = local.gather(1, order)
@@ -297,6 +327,7 @@ def prewarm_dcp_merge(p: DcpPlan, *, scratch: torch.Tensor, rank: int, max_batch
     and capped at the plan, with a barrier after each pass. Memoised per key, recorded only after
     every pass succeeded. Returns the row counts that ran (empty when already warm)."""
     c = p.caps
+    _check_rank(p, rank)
     key = key if key is not None else (c, max_batched, p.device_type)
     with _warm_lock:
         if key in _warmed:

@@ -46,7 +46,8 @@ def sparse_mla_reference(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
 
     q [rows, H, 576]; kv [blocks, 64, 576] (already dequantized, any float dtype) or
     [blocks, 64, 656] uint8 fp8_ds_mla records; indices [rows, width] flat slots (block*64+offset),
-    negative = invalid; lengths [rows]: only the first lengths[r] entries count.
+    outside [0, blocks*64) = invalid, like -1; lengths [rows]: only the first lengths[r] entries
+    count.
     Returns out [rows, H, 512] and the natural-log lse [rows, H] (-inf and out 0 for rows with no
     valid entry). attn_sink [H] scales out by exp(lse) / (exp(lse) + exp(sink)); lse is unchanged.
     Duplicated indices count as often as they appear."""
@@ -55,8 +56,8 @@ def sparse_mla_reference(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
     flat = kv.reshape(-1, kv.shape[-1]).to(dtype)
     rows, width = indices.shape
     pos = torch.arange(width, device=indices.device)
-    valid = (indices >= 0) & (pos[None, :] < lengths[:, None].to(indices.device))
-    k = flat[indices.clamp(min=0).long()]  # [rows, width, 576]
+    valid = (indices >= 0) & (indices < flat.shape[0]) & (pos[None, :] < lengths[:, None].to(indices.device))
+    k = flat[torch.where(valid, indices, 0).long()]  # [rows, width, 576]; masked rows read slot 0
     scores = torch.einsum("rhd,rwd->rhw", q.to(dtype), k) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [rows, H]

@@ -35,6 +35,17 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | 
     return t
 
 
+def check_cuda_anchor(name: str, t: torch.Tensor, *others) -> None:
+    """`t` sets the device of a call and the kernels need CUDA: when `t` is not on CUDA but
+    another tensor of the call is, the error names `t` (not the first tensor compared with its
+    device). None entries of `others` are skipped."""
+    if t.device.type == "cuda":
+        return
+    for o in others:
+        if isinstance(o, torch.Tensor) and o.device.type == "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got device {t.device} (the other inputs are on {o.device})")
+
+
 def require(cond: bool, message: str) -> None:
     if not cond:
         raise InputError(message)

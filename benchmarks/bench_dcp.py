@@ -51,7 +51,7 @@ def torch_local_merge(ids, scores, gathered_ids, gathered_scores, rank):
 
 def bench_local() -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
-    real = dist.all_gather_into_tensor
+    real = dcp._all_gather_into
     res = []
     for rows in ROWS:
         p = dcp.plan(dcp.DcpCaps(k=K, world=W, interleave=1, max_rows=rows))
@@ -63,13 +63,13 @@ def bench_local() -> list[dict]:
         def local_gather(out, inp, group=None):
             out.view(W, -1).copy_(inp.view(1, -1).expand(W, -1))
 
-        dist.all_gather_into_tensor = local_gather
+        dcp._all_gather_into = local_gather
         try:
             ours = time_rotated([lambda s=s, o=o: dcp.merge_topk(p, scratch=scratch, local_ids=s[0],
                                                                  local_scores=s[1], out_ids=o, rank=0)
                                  for s, o in zip(sets, outs)])
         finally:
-            dist.all_gather_into_tensor = real
+            dcp._all_gather_into = real
         gi = torch.empty(W, rows, K, dtype=torch.int32, device="cuda")
         gs = torch.empty(W, rows, K, device="cuda")
         gi[1].copy_(sets[0][0])

@@ -183,3 +183,98 @@ def test_sync_barrier_policy(monkeypatch):
     monkeypatch.setattr(dist, "barrier", broken)
     with pytest.raises(RuntimeError, match="barrier timed out"):  # barrier failures propagate
         dcp.sync_dcp_warmup(2)
+
+
+@pytest.mark.parametrize("rank", [5, 2, -1, True, 1.0])
+def test_every_entry_rejects_a_rank_outside_the_world(rank):
+    p = dcp.plan(dcp.DcpCaps(k=K, world=2, max_rows=4), device="cpu")
+    ids = torch.arange(2 * K, dtype=torch.int32).view(2, K)
+    scores = torch.randn(2, K)
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+    match = rf"^rank: expected an int in \[0, 2\) \(DcpCaps.world=2\), got {rank!r}$"
+    with pytest.raises(InputError, match=match):
+        dcp.convert_to_global(p, local_ids=ids, local_scores=scores, out_ids=torch.empty_like(ids),
+                              out_scores=torch.empty_like(scores), rank=rank)
+    with pytest.raises(InputError, match=match):
+        dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=scores, out_ids=torch.empty_like(ids),
+                       rank=rank)
+    with pytest.raises(InputError, match=match):
+        dcp.filter_local(p, global_ids=ids, out_local=torch.empty_like(ids), lengths=torch.empty(2, dtype=torch.int32),
+                         rank=rank)
+    with pytest.raises(InputError, match=match):
+        dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=4, key=("bad-rank", repr(rank)))
+
+
+def test_buffers_on_another_device_than_the_plan_name_local_ids():
+    """local_ids on the CPU beside CUDA buffers, for a CUDA plan: the error is about local_ids
+    (checked first against the plan), not out_ids. Fake CUDA tensors: only metadata is read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=4, arch="sm_90a", num_sms=132), device="cuda")
+    with FakeTensorMode():
+        out = torch.empty(2, K, dtype=torch.int32, device="cuda")
+        lengths = torch.empty(2, dtype=torch.int32, device="cuda")
+        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    ids = torch.zeros(2, K, dtype=torch.int32)
+    with pytest.raises(InputError, match=r"^local_ids: expected a cuda tensor \(the plan's\), got cpu"):
+        dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=torch.zeros(2, K), out_ids=out, rank=0)
+    with pytest.raises(InputError, match=r"^global_ids: expected a cuda tensor \(the plan's\), got cpu"):
+        dcp.filter_local(p, global_ids=ids, out_local=out, lengths=lengths, rank=0)
+
+
+def test_filter_drops_ids_past_the_block_table_like_minus_one():
+    """With a block table of P pages, an owned id whose local position is >= P * 64 is neither
+    kept nor counted (it would read past the table); ids that no rank could own (negative) too."""
+    p = dcp.plan(dcp.DcpCaps(k=128, world=2, interleave=1, max_rows=4), device="cpu")
+    bt = torch.tensor([[3, 9], [4, 8]], dtype=torch.int32)         # 2 pages: local positions [0, 128)
+    # rank 1 owns odd ids; local = g // 2: 255 -> 127 (last mapped), 257 -> 128 (past the table)
+    row = [1, 257, 255, 2**31 - 1, -2**31, -2, 3, 2 * 64 * 50 + 1, -100]
+    g = torch.tensor([row + [-1] * (128 - len(row))] * 2, dtype=torch.int32)
+    out = torch.empty_like(g)
+    lens = torch.empty(2, dtype=torch.int32)
+    dcp.filter_local(p, global_ids=g, out_local=out, lengths=lens, rank=1, block_table=bt)
+    # kept: 1 -> local 0, 255 -> local 127 (block 1, offset 63), 3 -> local 1
+    assert out[0, :3].tolist() == [3 * 64 + 0, 9 * 64 + 63, 3 * 64 + 1]
+    assert out[1, :3].tolist() == [4 * 64 + 0, 8 * 64 + 63, 4 * 64 + 1]
+    assert torch.all(out[:, 3:] == -1) and lens.tolist() == [3, 3]
+    with pytest.raises(InputError, match=r"block_table: expected at least 2 rows \(2 rows of global_ids / "
+                                         r"rows_per_req=1\), got 1"):
+        dcp.filter_local(p, global_ids=g, out_local=out, lengths=lens, rank=1, block_table=bt[:1])
+    with pytest.raises(InputError, match=r"rows_per_req: expected an int >= 1, got 0"):
+        dcp.filter_local(p, global_ids=g, out_local=out, lengths=lens, rank=1, block_table=bt, rows_per_req=0)
+
+
+def _warning_worker(rank, world, init_file, out_dir):
+    import warnings
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        p = dcp.plan(dcp.DcpCaps(k=K, world=world, max_rows=4), device="cpu")
+        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+        ids = torch.arange(3 * K, dtype=torch.int32).view(3, K)
+        scores = torch.randn(3, K, generator=torch.Generator().manual_seed(rank))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=scores, out_ids=torch.empty_like(ids),
+                           rank=rank)
+        torch.save([f"{w.category.__name__}: {w.message}" for w in caught], os.path.join(out_dir, f"w{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_merge_issues_no_deprecation_warning():
+    """The all-gather goes through the non-deprecated API (torch 2.13 warns on every
+    all_gather_into_tensor call)."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_warning_worker, args=(r, 2, os.path.join(d, "init"), d)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        caught = [torch.load(os.path.join(d, f"w{r}.pt")) for r in range(2)]
+    assert caught == [[], []]

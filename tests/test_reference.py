@@ -65,3 +65,26 @@ def test_fp8_record_roundtrip_and_layout():
     assert rel < 0.05  # e4m3 has 3 mantissa bits
     scales = rec[..., 512:528].contiguous().view(torch.float32)
     torch.testing.assert_close(scales[0, 0, 1], k[0, 0, 128:256].abs().max() / 448)
+
+
+def test_out_of_range_indices_are_masked_like_minus_one():
+    """An index outside [0, blocks * 64) (any negative value, or past the cache) counts as -1."""
+    g = torch.Generator().manual_seed(2)
+    blocks = 3
+    q = torch.randn(3, 16, 576, generator=g)
+    kv = torch.randn(blocks, 64, 576, generator=g)
+    idx = torch.randint(0, blocks * 64, (3, 128), generator=g, dtype=torch.int32)
+    lengths = torch.tensor([128, 100, 128], dtype=torch.int32)
+    bad = torch.tensor([blocks * 64, blocks * 64 * 50, 2**31 - 1, -2**31, -2, -100], dtype=torch.int32)
+    pos = torch.randperm(128, generator=g)[:30]
+    wild = idx.clone()
+    wild[:2, pos] = bad[torch.arange(30) % len(bad)]
+    wild[2] = bad[torch.arange(128) % len(bad)]            # a row with no valid entry
+    masked = torch.where((wild >= 0) & (wild < blocks * 64), wild, -1)
+    for cache in (kv, quantize_fp8_ds_mla(kv)):
+        out, lse = sparse_mla_reference(q, cache, wild, lengths, 0.05, dtype=torch.float64)
+        ref_out, ref_lse = sparse_mla_reference(q, cache, masked, lengths, 0.05, dtype=torch.float64)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)
+        assert torch.isfinite(lse[:2]).all()
+        assert torch.all(out[2] == 0) and torch.all(lse[2] == -math.inf)

@@ -53,6 +53,25 @@ def test_bind_rejects_bad_tensors(plan, mutate, match):
         sm.bind(plan, scratch=_scratch(plan), **d)
 
 
+def test_bind_names_q_when_only_q_is_off_cuda(plan):
+    """q on the CPU beside CUDA tensors: the error is about q, not the first tensor compared
+    with q's device. (Fake CUDA tensors stand in for real ones: bind only reads their metadata.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        on_cuda = dict(indices=torch.zeros(ROWS, W, dtype=torch.int32, device="cuda"),
+                       lengths=torch.zeros(ROWS, dtype=torch.int32, device="cuda"))
+        scratch = torch.empty(plan.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    with pytest.raises(InputError, match=r"^q: expected a CUDA tensor, got device cpu \(the other inputs are on cuda"):
+        sm.bind(plan, scratch=scratch, q=_inputs()["q"], **on_cuda)
+
+
+def test_run_needs_q_on_cuda(plan):
+    b = sm.bind(plan, scratch=_scratch(plan), **_inputs())   # bind's checks run on CPU tensors
+    with pytest.raises(InputError, match=r"^q: expected a CUDA tensor to launch on, got device cpu"):
+        sm.run_decode(b, kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8), sm_scale=0.1)
+
+
 def test_bind_rejects_small_scratch(plan):
     with pytest.raises(InputError, match=r"scratch: expected at least \d+ bytes \(plan.scratch_bytes\(\)\), got 10"):
         sm.bind(plan, scratch=torch.empty(10, dtype=torch.uint8), **_inputs())

@@ -29,7 +29,7 @@ from .. import scratch as _scratch
 from ..device import device_arch, num_sms as device_num_sms
 from ..errors import InputError
 from ..reference import FP8_RECORD, NOPE, PAGE
-from ..validate import check_tensor, require
+from ..validate import check_cuda_anchor, check_tensor, require
 
 Q_DIM = 576
 LOG2E = 1.0 / math.log(2.0)
@@ -168,10 +168,13 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
     out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
     the scratch, valid until the next run on that scratch.
     Extend only: num_rows, a [1] int32 device tensor, makes rows a capacity: the grid covers
-    q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count)."""
+    q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count).
+    q sets the device: every other tensor must be on q's, and run_* needs it to be a CUDA
+    device (bind itself only makes views, so its checks also run on CPU tensors)."""
     caps = plan.caps
     h = caps.num_heads
     check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, Q_DIM), contiguous=True)
+    check_cuda_anchor("q", q, indices, lengths, scratch, out, lse, num_rows)
     rows = q.shape[0]
     dev = q.device
     require(rows <= caps.max_batched, f"q: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
@@ -217,12 +220,14 @@ def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: fl
     p = binding.plan
     q = binding.q
     require(p.caps.mode == mode, f"plan: expected a Caps(mode={mode!r}) plan for run_{mode}, got mode={p.caps.mode!r}")
+    check_cuda_anchor("q", q, kv_cache, attn_sink)
     check_kv_cache(kv_cache, p.caps.kv_format, q.device)
     require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(p.caps.num_heads,), contiguous=True,
                      device=q.device)
+    require(q.device.type == "cuda", f"q: expected a CUDA tensor to launch on, got device {q.device}")
 
 
 def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,

@@ -31,7 +31,7 @@ def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
     def fake_all_gather(out, inp, group=None):  # stands in for the collective on one GPU
         out.copy_(torch.cat([x.reshape(-1) for x in sends]).to(out.device))
 
-    monkeypatch.setattr(dist, "all_gather_into_tensor", fake_all_gather)
+    monkeypatch.setattr(dcp, "_all_gather_into", fake_all_gather)
     p = dcp.plan(caps)
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     ids, sc = locals_[0]
@@ -147,3 +147,39 @@ def test_merge_is_graph_capturable_without_allocation():
     want = torch.topk(fresh, K, dim=-1).indices
     for r in range(rows):
         assert set(out[r].cpu().tolist()) == set(want[r].tolist())
+
+
+@pytest.mark.parametrize("rows_per_req", (1, 3))
+def test_filter_local_drops_ids_past_the_block_table(rows_per_req):
+    """Owned ids whose local position is past the block table's pages (and negative ids of
+    every kind) are dropped like -1 by the kernel, as by the CPU path; no fault, and a normal
+    call afterwards still works."""
+    world, interleave, rows, pages = 2, 16, 6, 5
+    g = torch.Generator().manual_seed(rows_per_req)
+    ids = torch.randint(0, world * pages * 64, (rows, K), generator=g, dtype=torch.int32)
+    wild = torch.tensor([world * pages * 64, world * pages * 64 * 50, 2**31 - 1, -2**31, -2, -100, -1],
+                        dtype=torch.int32)
+    pos = torch.rand(rows, K, generator=g) < 0.3
+    ids[pos] = wild[torch.randint(0, len(wild), (int(pos.sum()),), generator=g)]
+    bt = torch.randint(0, 1000, (-(-rows // rows_per_req), pages), generator=g, dtype=torch.int32)
+    lens_in = torch.randint(0, K, (rows,), generator=g, dtype=torch.int32)
+    p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8))
+    pc = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
+    for r in range(world):
+        loc, lens = torch.empty(rows, K, dtype=torch.int32, device="cuda"), torch.empty(rows, dtype=torch.int32,
+                                                                                      device="cuda")
+        dcp.filter_local(p, global_ids=ids.cuda(), out_local=loc, lengths=lens, rank=r, block_table=bt.cuda(),
+                         local_lens=lens_in.cuda(), rows_per_req=rows_per_req)
+        torch.cuda.synchronize()
+        loc_c, lens_c = torch.empty(rows, K, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
+        dcp.filter_local(pc, global_ids=ids, out_local=loc_c, lengths=lens_c, rank=r, block_table=bt,
+                         local_lens=lens_in, rows_per_req=rows_per_req)
+        assert torch.equal(loc.cpu(), loc_c) and torch.equal(lens.cpu(), lens_c)
+        kept = loc_c[loc_c >= 0]
+        assert kept.numel() and bool((kept < 1000 * 64).all())   # only table pages, never past them
+    ok = torch.where((ids >= 0) & (ids < world * pages * 64), ids, -1).cuda()
+    loc = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    lens = torch.empty(rows, dtype=torch.int32, device="cuda")
+    dcp.filter_local(p, global_ids=ok, out_local=loc, lengths=lens, rank=0, block_table=bt.cuda(),
+                     rows_per_req=rows_per_req)
+    torch.cuda.synchronize()
