@@ -287,8 +287,8 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
         return binding.out, binding.lse
     if binding.partial_o.shape[1] == 1 and p.whole_row:
         # one split per row: the whole-row kernel writes out and lse directly. Not where extend
-        # tiles bf16 at 16/32 heads differently: that measured slower for decode rows (B=128
-        # h=16 bf16 81.9 -> 96.7 µs)
+        # tiles bf16 at 16/32 heads differently (one K stage): slower for decode rows
+        # (docs/notes/launch-and-splits.md)
         _launch_whole_rows(p.whole_row_kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, None)
         return binding.out, binding.lse
     k = p.kernels
