@@ -40,3 +40,20 @@ def test_dcp_filter_reads_the_block_table_only_behind_its_bound():
     src = render(DcpSpec(arch="sm_90a"))
     assert _functions_reading(src, "block_table") == {"kernel"}
     assert "if Uint32(local) < n_local:" in src
+
+
+def test_no_bound_compares_against_a_raw_shape_scalar():
+    """`Uint32(t.shape[i])` stays a signed CuTe shape scalar and turns the bound's compare into a
+    signed one, so a negative index or block-table entry would pass it (the fused indexer read
+    pages at negative block ids that way). A bound is taken through a plain value first, e.g.
+    `Uint32(cutlass.max(t.shape[0], 0))`."""
+    import re
+
+    from codegen import TEMPLATES_DIR
+
+    bad = []
+    for path in sorted(TEMPLATES_DIR.rglob("*.j2")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"Uint32\(\s*[\w.]+\.shape\[", line):
+                bad.append(f"{path.name}:{n}: {line.strip()}")
+    assert not bad, "bounds compared against a raw shape scalar (signed compare):\n" + "\n".join(bad)
