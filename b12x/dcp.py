@@ -252,11 +252,11 @@ def filter_local(p: DcpPlan, *, global_ids: torch.Tensor, out_local: torch.Tenso
     dev = global_ids.device
     require(dev.type == p.device_type, f"global_ids: expected a {p.device_type} tensor (the plan's), got {dev}")
     check_tensor("out_local", out_local, dtype=torch.int32, shape=(rows, width), contiguous=True, device=dev)
-    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
+    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
     if local_lens is not None:
-        check_tensor("local_lens", local_lens, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
+        check_tensor("local_lens", local_lens, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
     if block_table is not None:
-        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev)
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev, align=4)
         require(block_table.stride(1) == 1, f"block_table: expected unit column stride, got {block_table.stride()}")
         require(isinstance(rows_per_req, int) and not isinstance(rows_per_req, bool) and rows_per_req >= 1,
                 f"rows_per_req: expected an int >= 1, got {rows_per_req!r}")

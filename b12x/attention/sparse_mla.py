@@ -182,14 +182,15 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
     width = indices.shape[1]
     require(width % PAGE == 0 and PAGE <= width <= caps.topk,
             f"indices: expected a width that is a multiple of {PAGE} in [{PAGE}, {caps.topk}], got {width}")
-    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev)
+    # lengths and lse are read and written per element: a slice at any row offset will do
+    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
     _scratch.check(scratch, plan.scratch_bytes(), dev)
     if out is None:
         out = _scratch.view(scratch, plan.regions["out"], (rows, h, NOPE))
     check_tensor("out", out, dtype=torch.bfloat16, shape=(rows, h, NOPE), contiguous=True, device=dev)
     if lse is None:
         lse = _scratch.view(scratch, plan.regions["lse"], (rows, h))
-    check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
+    check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev, align=4)
     if caps.mode == "extend":
         own = num_rows is None
         if own:  # run_extend writes q's row count here before the launch
@@ -226,7 +227,7 @@ def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: fl
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(p.caps.num_heads,), contiguous=True,
-                     device=q.device)
+                     device=q.device, align=4)
     require(q.device.type == "cuda", f"q: expected a CUDA tensor to launch on, got device {q.device}")
 
 
