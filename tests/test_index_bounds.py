@@ -26,14 +26,33 @@ def _functions_reading(source: str, name: str) -> set[str]:
     return found
 
 
+def _functions_calling(source: str, method: str) -> dict[str, str]:
+    """name -> source of the functions whose bodies call self.<method>(...)."""
+    found = {}
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef):
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == method):
+                    found[fn.name] = ast.unparse(fn)
+    return found
+
+
 @pytest.mark.parametrize("spec", SPARSE, ids=lambda s: s.name)
 def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
+    """Indices are read in index_at only, and a slot becomes an address (row_address) or a bias
+    (write_bias, or rSlot of the register path) only in a function that tests it with live_slot,
+    the unsigned compare against the cache tensor's own slots; no consumer tests `>= 0` alone."""
     src = render(spec)
     assert _functions_reading(src, "mIdx") == {"index_at"}
-    fn = next(f for f in ast.walk(ast.parse(src)) if isinstance(f, ast.FunctionDef) and f.name == "index_at")
-    body = ast.unparse(fn)
-    assert "Uint32(idx) < n_slots" in body and "slot = idx" in body
+    assert "return Uint32(slot) < n_slots" in src
     assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(PAGE_SIZE)" in src   # the bound is the cache tensor's own blocks
+    consumers = {**_functions_calling(src, "row_address"), **_functions_calling(src, "write_bias")}
+    consumers.pop("row_address", None)
+    assert consumers, "no gather found"
+    for name, body in consumers.items():
+        assert "self.live_slot(" in body, f"{name} turns an index into an address or bias without live_slot"
+    assert "rIdx[m] >= 0" not in src and "slot_idx >= 0" not in src and "if slot >= 0" not in src
 
 
 def test_dcp_filter_reads_the_block_table_only_behind_its_bound():
