@@ -9,6 +9,8 @@ from b12x.indexer_reference import (effective_width, indexer_logits_contiguous_r
                                     indexer_logits_paged_reference, quantize_k_pages, quantize_q, topk_reference)
 from b12x.metadata import decode_active_width
 
+from .indexer_cases import check_logits
+
 pytestmark = pytest.mark.gpu
 
 
@@ -49,16 +51,6 @@ def make_plan(heads=64, k=2048, c=1, mode="paged", rows=8, width=8192, scores=Tr
 
 def scratch_for(p):
     return torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
-
-
-def check_logits(ours, ref):
-    fin = torch.isfinite(ref)
-    assert torch.equal(torch.isfinite(ours), fin), "logits are -inf exactly where the reference is"
-    assert torch.all(ours[~fin] == float("-inf"))
-    a, b = ours[fin].double(), ref[fin].double()
-    if a.numel():
-        rel = ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
-        assert rel <= 1e-3, f"relative error {rel:.2e}"
 
 
 def check_topk_sets(idx, scores, ref_idx, logits=None):
