@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -30,6 +31,7 @@ from codegen.specs import DcpSpec
 
 from . import indexer, registry
 from . import scratch as _scratch
+from .plan import Plan, renamed_fields, spelled
 from .device import device_arch
 from .errors import InputError
 from .validate import check_tensor, require
@@ -71,51 +73,89 @@ def shard_topk_reference(full: torch.Tensor, *, world: int, rank: int, interleav
 
 
 # -- plan ------------------------------------------------------------------------------------
+@renamed_fields(k="topk")
 @dataclass(frozen=True)
 class DcpCaps:
-    k: int = 2048
+    """What the engine will ask of the DCP merge (`dcp.Caps` is the same class). Frozen: a plan is
+    keyed by it. (`k` is the deprecated name of `topk`.)"""
+
+    topk: int = 2048               # K of the local and of the merged top-k
     world: int = 1
     interleave: int = 1
-    max_rows: int = 256
+    max_rows: int = 256            # most query rows per call
     arch: Optional[str] = None     # CUDA plans: None = the current device's
     num_sms: Optional[int] = None
 
 
-@dataclass
-class DcpPlan:
+Caps = DcpCaps
+
+
+@dataclass(frozen=True, kw_only=True)
+class DcpPlan(Plan):
+    """The merge's plan: `plan.bind(scratch, local_ids=..., ...)` then `run_merge(b, group=...)`
+    (or, with convert_only=True, `run_convert(b)`); `merge_topk` and `convert_to_global` do both
+    in one call. `filter_local` (the attention side) takes the plan and its tensors directly."""
+
     caps: DcpCaps
     device_type: str
-    regions: dict = field(default_factory=dict)
     topk_plan: Optional[indexer.IndexerPlan] = None
-
-    def scratch_bytes(self) -> int:
-        return _scratch.total_bytes(self.regions)
-
-    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
-        return list(self.regions.values())
 
     @property
     def kernels(self) -> registry.LoadedKernels:
-        return registry.resolve(DcpSpec(arch=self.caps.arch or device_arch()))
+        return registry.resolve(self._spec())
+
+    def _spec(self) -> DcpSpec:
+        return DcpSpec(arch=self.caps.arch or device_arch())
+
+    def specs(self) -> list:
+        """The DCP kernels and the top-k with scores that ranks the candidates (CUDA plans)."""
+        return [] if self.device_type != "cuda" else [self._spec(), self.topk_plan.topk_spec]
+
+    def bind(self, scratch: Optional[torch.Tensor] = None, *, local_ids: torch.Tensor,
+             local_scores: Optional[torch.Tensor], out_ids: torch.Tensor, out_scores: Optional[torch.Tensor] = None,
+             rank: int, convert_only: bool = False) -> "Binding":
+        """Check one chunk's buffers (and the scratch, which the merge needs and convert-only mode
+        does not). Never allocates; run_merge / run_convert launch."""
+        _check_rank(self, rank)
+        what = "convert-only mode" if convert_only else "global top-k merge"
+        rows = _check_buffers(self, None if convert_only else scratch, local_ids, local_scores, out_ids, out_scores,
+                              what)
+        require(convert_only or scratch is not None, "scratch: expected the plan's uint8 scratch for the merge, got None")
+        if convert_only and out_scores is None:
+            require(self.caps.world == 1, "out_scores: expected a buffer under DCP world > 1, got None")
+        return Binding(self, scratch, local_ids, local_scores, out_ids, out_scores, rank, rows, convert_only)
+
+
+@dataclass(frozen=True)
+class Binding:
+    plan: DcpPlan
+    scratch: Optional[torch.Tensor]
+    local_ids: torch.Tensor
+    local_scores: Optional[torch.Tensor]
+    out_ids: torch.Tensor
+    out_scores: Optional[torch.Tensor]
+    rank: int
+    rows: int
+    convert_only: bool
 
 
 def plan(caps: DcpCaps, device: torch.device | str = "cuda") -> DcpPlan:
     device = torch.device(device)
-    require(caps.k in ALLOWED_K, f"DcpCaps.k: expected a multiple of 128 in [128, 2048], got {caps.k}")
+    require(caps.topk in ALLOWED_K,
+            f"DcpCaps.{spelled(caps, 'topk')}: expected a multiple of 128 in [128, 2048], got {caps.topk}")
     require(caps.world >= 1 and caps.interleave >= 1,
             f"DcpCaps: expected world >= 1 and interleave >= 1, got world={caps.world} interleave={caps.interleave}")
     require(caps.max_rows >= 1, f"DcpCaps.max_rows: expected >= 1, got {caps.max_rows}")
-    p = DcpPlan(caps, device.type)
-    w, k, rows = caps.world, caps.k, caps.max_rows
+    w, k, rows = caps.world, caps.topk, caps.max_rows
     layout = [("send", torch.int32, rows * 2 * k), ("gathered", torch.int32, w * rows * 2 * k),
               ("cand", torch.float32, rows * w * k), ("cand_lengths", torch.int32, rows),
               ("win_pos", torch.int32, rows * k), ("win_scores", torch.float32, rows * k)]
+    topk_plan = None
     if device.type == "cuda":
-        p.topk_plan = indexer.plan(indexer.Caps(topk=k, max_batched=rows, max_width=w * k, with_scores=True,
-                                                logits_in_scratch=False, arch=caps.arch, num_sms=caps.num_sms))
-        layout.append(("topk", torch.uint8, p.topk_plan.scratch_bytes()))
-    p.regions = _scratch.layout(layout)
-    return p
+        topk_plan = indexer.plan(indexer.Caps(topk=k, max_rows=rows, max_width=w * k, with_scores=True,
+                                              logits_in_scratch=False, arch=caps.arch, num_sms=caps.num_sms))
+        layout.append(("topk", torch.uint8, topk_plan.scratch_bytes()))
+    return DcpPlan(caps=caps, regions=_scratch.layout(layout), device_type=device.type, topk_plan=topk_plan)
 
 
 def _check_rank(p: DcpPlan, rank) -> None:
@@ -138,7 +178,7 @@ def _view(scratch: torch.Tensor, p: DcpPlan, name: str, shape: Sequence[int]) ->
 
 
 def _check_buffers(p: DcpPlan, scratch, local_ids, local_scores, out_ids, out_scores, what: str) -> int:
-    k = p.caps.k
+    k = p.caps.topk
     check_tensor("local_ids", local_ids, dtype=torch.int32, shape=(None, k), contiguous=True)
     rows = local_ids.shape[0]
     dev = local_ids.device
@@ -162,12 +202,16 @@ def convert_to_global(p: DcpPlan, *, local_ids: torch.Tensor, local_scores: Opti
                       out_ids: torch.Tensor, out_scores: Optional[torch.Tensor], rank: int,
                       scratch: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Convert-only mode: this rank's local top-k as global ids (the ranks' outputs together are
-    the union of the local top-k). No collective."""
-    _check_rank(p, rank)
-    _check_buffers(p, None, local_ids, local_scores, out_ids, out_scores, "convert-only mode")
-    c = p.caps
-    if out_scores is None:
-        require(c.world == 1, "out_scores: expected a buffer under DCP world > 1, got None")
+    the union of the local top-k). No collective. (`p.bind(..., convert_only=True)` + run_convert.)"""
+    return run_convert(p.bind(scratch, local_ids=local_ids, local_scores=local_scores, out_ids=out_ids,
+                              out_scores=out_scores, rank=rank, convert_only=True))
+
+
+def run_convert(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Convert-only mode of a `bind(..., convert_only=True)` binding; see convert_to_global."""
+    require(b.convert_only, "binding: expected plan.bind(..., convert_only=True) for run_convert, got a merge binding")
+    p, c = b.plan, b.plan.caps
+    local_ids, local_scores, out_ids, out_scores, rank = b.local_ids, b.local_scores, b.out_ids, b.out_scores, b.rank
     if local_ids.device.type == "cuda":
         scores_in = local_scores if local_scores is not None else out_ids.view(torch.float32)
         scores_out = out_scores if out_scores is not None else out_ids.view(torch.float32)
@@ -189,10 +233,17 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
     As a set the row is exact; its order is unspecified (on GPUs, winners come in rank-major
     candidate order), and a winner with score -inf is -1 wherever it sits. out_scores, when
     given, is position-aligned with out_ids."""
-    _check_rank(p, rank)
-    rows = _check_buffers(p, scratch, local_ids, local_scores, out_ids, out_scores, "global top-k merge")
+    return run_merge(p.bind(scratch, local_ids=local_ids, local_scores=local_scores, out_ids=out_ids,
+                            out_scores=out_scores, rank=rank), group=group)
+
+
+def run_merge(b: Binding, *, group: Optional[dist.ProcessGroup] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The global top-K merge of a `plan.bind(...)` binding over `group`; see merge_topk."""
+    require(not b.convert_only, "binding: expected a merge binding for run_merge, got convert_only=True")
+    p, scratch, rows, rank = b.plan, b.scratch, b.rows, b.rank
+    local_ids, local_scores, out_ids, out_scores = b.local_ids, b.local_scores, b.out_ids, b.out_scores
     c = p.caps
-    w, k = c.world, c.k
+    w, k = c.world, c.topk
     n = max(rows, 1)  # every rank issues the collective, even for an empty chunk
     send = _view(scratch, p, "send", (n, 2 * k))
     gathered = _view(scratch, p, "gathered", (w, n, 2 * k))
@@ -222,10 +273,9 @@ def merge_topk(p: DcpPlan, *, scratch: torch.Tensor, local_ids: torch.Tensor, lo
         lengths.fill_(w * k)
         win_pos = _view(scratch, p, "win_pos", (rows, k))
         win_scores = out_scores if out_scores is not None else _view(scratch, p, "win_scores", (rows, k))
-        b = indexer.bind(p.topk_plan, scratch=_view(scratch, p, "topk", (p.regions["topk"].numel,)), lengths=lengths,
-                         logits=cand,
-                         k=k, indices=win_pos, scores=win_scores)
-        indexer.run_topk(b)
+        tb = p.topk_plan.bind(_view(scratch, p, "topk", (p.regions["topk"].numel,)), lengths=lengths, logits=cand,
+                              k=k, indices=win_pos, scores=win_scores)
+        indexer.run_topk(tb)
         kern["finalize"](gathered[:, :rows], win_pos, win_scores, out_ids, k)
     else:
         cand.view(rows, w, k).copy_(g_scores.transpose(0, 1))
@@ -320,23 +370,31 @@ _warm_lock = threading.Lock()
 _warmed: set = set()
 
 
-def prewarm_dcp_merge(p: DcpPlan, *, scratch: torch.Tensor, rank: int, max_batched: int,
+def prewarm_dcp_merge(p: DcpPlan, *, scratch: torch.Tensor, rank: int, max_rows: int | None = None,
                       group: Optional[dist.ProcessGroup] = None, rows: Sequence[int] | None = None,
-                      key: object = None) -> list[int]:
-    """Run the real merge path (all-gather included) for rows (1, 2, 4, max_batched), deduplicated
+                      key: object = None, max_batched: int | None = None) -> list[int]:
+    """Run the real merge path (all-gather included) for rows (1, 2, 4, max_rows), deduplicated
     and capped at the plan, with a barrier after each pass. Memoised per key, recorded only after
-    every pass succeeded. Returns the row counts that ran (empty when already warm)."""
+    every pass succeeded. Returns the row counts that ran (empty when already warm).
+    `b12x.prewarm.prewarm(plan, group=...)` runs this and the other DCP kernels; max_rows None:
+    the plan's DcpCaps.max_rows. (`max_batched` is the deprecated name of `max_rows`.)"""
     c = p.caps
+    if max_batched is not None:
+        warnings.warn("b12x.dcp.prewarm_dcp_merge(max_batched=...) is deprecated: use max_rows",
+                      DeprecationWarning, stacklevel=2)
+        require(max_rows is None, "max_batched: expected None when max_rows is given (max_batched is its old name)")
+        max_rows = max_batched
+    max_rows = c.max_rows if max_rows is None else max_rows
     _check_rank(p, rank)
-    key = key if key is not None else (c, max_batched, p.device_type)
+    key = key if key is not None else (c, max_rows, p.device_type)
     with _warm_lock:
         if key in _warmed:
             return []
-    want = sorted({r for r in (rows if rows is not None else (1, 2, 4, max_batched)) if 1 <= r <= c.max_rows})
+    want = sorted({r for r in (rows if rows is not None else (1, 2, 4, max_rows)) if 1 <= r <= c.max_rows})
     dev = scratch.device
     for r in want:
-        ids = torch.full((r, c.k), -1, dtype=torch.int32, device=dev)
-        ids[:, : min(c.k, 8)] = torch.arange(min(c.k, 8), dtype=torch.int32, device=dev)
+        ids = torch.full((r, c.topk), -1, dtype=torch.int32, device=dev)
+        ids[:, : min(c.topk, 8)] = torch.arange(min(c.topk, 8), dtype=torch.int32, device=dev)
         scores = torch.where(ids >= 0, torch.zeros_like(ids, dtype=torch.float32), -math.inf)
         out = torch.empty_like(ids)
         merge_topk(p, scratch=scratch, local_ids=ids, local_scores=scores, out_ids=out, rank=rank, group=group)

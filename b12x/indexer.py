@@ -1,9 +1,9 @@
 """Lightning indexer (DeepSeek-V3.2 DSA): fp8 logits and exact top-k.
 
-    caps = Caps(num_heads=64, topk=2048, max_batched=128, max_width=131072)
+    caps = Caps(num_heads=64, topk=2048, max_rows=128, max_width=131072)
     p = plan(caps)                                                   # resolves kernels
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")       # engine-owned
-    b = bind(p, scratch=scratch, q=q, weights=w, lengths=seq_lens, block_table=bt, width=W,
+    b = p.bind(scratch=scratch, q=q, weights=w, lengths=seq_lens, block_table=bt, width=W,
              active_width=active_width_buf)                          # optional, [1] int32, entries
     logits = run_logits(b, kv_cache=kv)          # [rows, W] fp32, -inf past each row
     idx, scores = run_topk(b)                     # [rows, K] int32 (-1 tail), fp32 (-inf tail)
@@ -30,7 +30,7 @@ slot would not fit int32).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
@@ -41,6 +41,7 @@ from codegen.indexer_specs import (COMPRESS_RATIOS, INDEXER_HEADS, TOPK_MAX, TOP
 
 from . import registry
 from . import scratch as _scratch
+from .plan import Plan, module_bind, renamed_fields, spelled
 from .device import device_arch, num_sms as device_num_sms
 from .errors import InputError
 from .validate import check_tensor, require
@@ -53,19 +54,21 @@ K_RECORD = INDEX_DIM + 4
 MAX_SLOT_BLOCKS = (1 << 31) // PAGE
 
 
+@renamed_fields(max_batched="max_rows")
 @dataclass(frozen=True)
 class Caps:
-    """What the engine will ask of the indexer. Frozen: a plan is keyed by it."""
+    """What the engine will ask of the indexer. Frozen: a plan is keyed by it. (`max_batched` is
+    the deprecated name of `max_rows`.)"""
 
     num_heads: int = 64
     topk: int = 2048                  # largest K asked (any multiple of 128 up to it)
     compress_ratio: int = 1
     mode: str = "paged"               # "paged" (decode / MTP) or "contiguous" (prefill)
-    max_batched: int = 128            # most query rows per call
+    max_rows: int = 128               # most query rows per call
     max_width: int = 131072           # widest logits row, in entries
     with_scores: bool = False
     fused: Optional[bool] = None      # run_index_topk: True = the fused path; None, False = logits + top-k
-    logits_in_scratch: bool = True    # reserve a [max_batched, max_width] fp32 logits region
+    logits_in_scratch: bool = True    # reserve a [max_rows, max_width] fp32 logits region
     arch: Optional[str] = None        # None: the current CUDA device's
     num_sms: Optional[int] = None     # None: the current CUDA device's
 
@@ -108,8 +111,8 @@ def topk_schedule(width: int, k: int, chunk: int, merge_cap: int, first: str = "
     return steps
 
 
-@dataclass
-class IndexerPlan:
+@dataclass(frozen=True, kw_only=True)
+class IndexerPlan(Plan):
     caps: Caps
     arch: str
     num_sms: int
@@ -117,7 +120,6 @@ class IndexerPlan:
     topk_spec: TopKSpec
     fused_spec: Optional[IndexerTopKSpec]
     tiling: dict
-    regions: dict = field(default_factory=dict)
     # paged sm_90a: the logits kernel that scores each staged page for two rows of a request
     logits_pair_spec: Optional[IndexerLogitsSpec] = None
 
@@ -133,12 +135,6 @@ class IndexerPlan:
     def logits_rows_per_unit(self, rows_per_req: int) -> int:
         """Query rows per logits unit: two rows of one request share each K page load (MTP)."""
         return 2 if self.logits_pair_spec is not None and rows_per_req % 2 == 0 else 1
-
-    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
-        return list(self.regions.values())
-
-    def scratch_bytes(self) -> int:
-        return _scratch.total_bytes(self.regions)
 
     def pages_per_cta(self, rows: int, width: int) -> int:
         """Logits work split. sm_90a: (row group, page) units per CTA of the persistent grid, sized
@@ -170,6 +166,91 @@ class IndexerPlan:
         top-k are faster wherever the fused path used to be chosen (docs/notes/topk.md)."""
         return self.fused_spec is not None and bool(self.caps.fused)
 
+    def bind(self, scratch: torch.Tensor, *, lengths: torch.Tensor, q: torch.Tensor | None = None,
+             weights: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+             starts: torch.Tensor | None = None, active_width: torch.Tensor | None = None,
+             logits: torch.Tensor | None = None, width: int | None = None, k: int | None = None,
+             physical: bool = False, num_blocks: int | None = None, indices: torch.Tensor | None = None,
+             scores: torch.Tensor | None = None, max_len: torch.Tensor | None = None) -> "Binding":
+        """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
+
+        - lengths [rows] int32: paged plans (top-k of given logits included): tokens per row, a row
+          holds floor(lengths[r] / c) entries (the kernels floor-divide); contiguous plans: the end of
+          each row's valid range [starts, ends).
+        - width (or logits.shape[1]): the graph-stable logits width, in entries.
+        - active_width [1] int32 on the device, optional: the active width in entries, as
+          `b12x.metadata.decode_active_width` writes it; the kernels use min(width, active_width[0])
+          as it is (no division by c). `max_len` is its deprecated alias: the same buffer in the same
+          unit (a token count there is still correct, only a looser bound).
+        - physical=True returns block-table slots; `num_blocks` (the K cache's pages) makes run_topk
+          give -1 for entries outside [0, num_blocks). run_index_topk takes it from kv_cache."""
+        plan = self
+        if max_len is not None:
+            warnings.warn("b12x.indexer.bind(max_len=...) is deprecated: pass active_width= (in entries)",
+                          DeprecationWarning, stacklevel=2)
+            require(active_width is None, "max_len: expected None when active_width is given (max_len is its old name)")
+            active_width = max_len
+        caps = plan.caps
+        _scratch.check(scratch, plan.scratch_bytes(), None)
+        dev = scratch.device
+        check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)
+        rows = lengths.shape[0]
+        require(rows <= caps.max_rows,
+                f"lengths: expected at most Caps.{spelled(caps, 'max_rows')}={caps.max_rows} rows, got {rows}")
+        h = caps.num_heads
+        if q is not None:
+            check_tensor("q", q, dtype=torch.float8_e4m3fn, shape=(rows, h, INDEX_DIM), contiguous=True, device=dev)
+            require(weights is not None, "weights: expected a [rows, Hi] float32 tensor with q, got None")
+            check_tensor("weights", weights, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
+        if starts is not None:
+            check_tensor("starts", starts, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
+        if active_width is not None:
+            check_tensor("active_width", active_width, dtype=torch.int32, shape=(1,), device=dev, align=4)
+        if num_blocks is None:
+            num_blocks = MAX_SLOT_BLOCKS
+        require(isinstance(num_blocks, int) and num_blocks >= 1,
+                f"num_blocks: expected an int >= 1 (the K cache's pages) or None, got {num_blocks!r}")
+        if logits is not None:
+            _check_rowmajor("logits", logits, torch.float32, (rows, None), dev)
+            require(width is None or width == logits.shape[1],
+                    f"width: expected logits.shape[1]={logits.shape[1]} or None, got {width}")
+            width = logits.shape[1]
+        require(isinstance(width, int) and 1 <= width <= caps.max_width,
+                f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
+        if logits is None and "logits" in plan.regions:
+            logits = _scratch.view(scratch, plan.regions["logits"], (rows, width))
+        k = caps.topk if k is None else k
+        require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
+                f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")
+        rows_per_req = 1
+        if (caps.mode == "paged" and q is not None) or physical:
+            require(block_table is not None, "block_table: expected a [requests, pages] int32 tensor, got None")
+        if block_table is not None:
+            _check_rowmajor("block_table", block_table, torch.int32, (None, None), dev)
+            req = block_table.shape[0]
+            require(req >= 1 and rows % req == 0,
+                    f"block_table: expected a number of requests dividing rows={rows}, got {req}")
+            rows_per_req = rows // req
+            need_pages = -(-width // PAGE)
+            require(block_table.shape[1] >= need_pages,
+                    f"block_table: expected at least ceil(width / 64) = {need_pages} pages per request, "
+                    f"got {block_table.shape[1]}")
+        if indices is None:
+            indices = _scratch.view(scratch, plan.regions["indices"], (rows, k))
+        _check_rowmajor("indices", indices, torch.int32, (rows, k), dev)
+        if caps.with_scores:
+            if scores is None:
+                scores = _scratch.view(scratch, plan.regions["scores"], (rows, k))
+            _check_rowmajor("scores", scores, torch.float32, (rows, k), dev)
+        else:
+            require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
+        cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
+                      plan.regions[f"cand_cnt_{s}"]) for s in "ab")
+        g = plan.logits_rows_per_unit(rows_per_req)
+        return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
+                       block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
+                       indices, scores, cand, plan.pages_per_cta(rows // g, width))
+
 
 def plan(caps: Caps) -> IndexerPlan:
     """Validate caps, pick the kernel specs, lay out the scratch."""
@@ -179,15 +260,14 @@ def plan(caps: Caps) -> IndexerPlan:
     fused_spec = caps.fused_spec(arch) if caps.mode == "paged" else None
     require(caps.fused is not True or fused_spec is not None,
             "Caps.fused: expected None or False with mode 'contiguous' (the fused path is paged only), got True")
-    require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
-            f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
+    require(isinstance(caps.max_rows, int) and caps.max_rows >= 1,
+            f"Caps.{spelled(caps, 'max_rows')}: expected an int >= 1, got {caps.max_rows!r}")
     require(isinstance(caps.max_width, int) and 1 <= caps.max_width <= TOPK_WIDTH_MAX,
             f"Caps.max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {caps.max_width!r}")
     sms = caps.num_sms or device_num_sms()
     tiling = topk_tiling(arch)
     pair = caps.logits_spec(arch, rows_per_unit=2) if caps.mode == "paged" and arch == "sm_90a" else None
-    p = IndexerPlan(caps, arch, sms, logits_spec, topk_spec, fused_spec, tiling, logits_pair_spec=pair)
-    rows, k = caps.max_batched, caps.topk
+    rows, k = caps.max_rows, caps.topk
     groups = max(-(-caps.max_width // tiling["chunk"]), -(-caps.max_width // tiling["fused_chunk"]))
     layout = [("cand_key_a", torch.int32, rows * groups * k), ("cand_pos_a", torch.int32, rows * groups * k),
               ("cand_cnt_a", torch.int32, rows * groups),
@@ -202,8 +282,8 @@ def plan(caps: Caps) -> IndexerPlan:
                    ("tie_key", torch.int32, rows * tiling["tie_cap"]), ("tie_pos", torch.int32, rows * tiling["tie_cap"])]
     if caps.logits_in_scratch:
         layout.append(("logits", torch.float32, rows * caps.max_width))
-    p.regions = _scratch.layout(layout)
-    return p
+    return IndexerPlan(caps=caps, regions=_scratch.layout(layout), arch=arch, num_sms=sms, logits_spec=logits_spec,
+                       topk_spec=topk_spec, fused_spec=fused_spec, tiling=tiling, logits_pair_spec=pair)
 
 
 @dataclass(frozen=True)
@@ -236,88 +316,7 @@ def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple
             f"{name}: expected a row stride >= {t.shape[1]}, got strides {t.stride()}")
 
 
-def bind(plan: IndexerPlan, *, scratch: torch.Tensor, lengths: torch.Tensor, q: torch.Tensor | None = None,
-         weights: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-         starts: torch.Tensor | None = None, active_width: torch.Tensor | None = None,
-         logits: torch.Tensor | None = None, width: int | None = None, k: int | None = None,
-         physical: bool = False, num_blocks: int | None = None, indices: torch.Tensor | None = None,
-         scores: torch.Tensor | None = None, max_len: torch.Tensor | None = None) -> Binding:
-    """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
-
-    - lengths [rows] int32: paged plans (top-k of given logits included): tokens per row, a row
-      holds floor(lengths[r] / c) entries (the kernels floor-divide); contiguous plans: the end of
-      each row's valid range [starts, ends).
-    - width (or logits.shape[1]): the graph-stable logits width, in entries.
-    - active_width [1] int32 on the device, optional: the active width in entries, as
-      `b12x.metadata.decode_active_width` writes it; the kernels use min(width, active_width[0])
-      as it is (no division by c). `max_len` is its deprecated alias: the same buffer in the same
-      unit (a token count there is still correct, only a looser bound).
-    - physical=True returns block-table slots; `num_blocks` (the K cache's pages) makes run_topk
-      give -1 for entries outside [0, num_blocks). run_index_topk takes it from kv_cache."""
-    if max_len is not None:
-        warnings.warn("b12x.indexer.bind(max_len=...) is deprecated: pass active_width= (in entries)",
-                      DeprecationWarning, stacklevel=2)
-        require(active_width is None, "max_len: expected None when active_width is given (max_len is its old name)")
-        active_width = max_len
-    caps = plan.caps
-    _scratch.check(scratch, plan.scratch_bytes(), None)
-    dev = scratch.device
-    check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)
-    rows = lengths.shape[0]
-    require(rows <= caps.max_batched, f"lengths: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
-    h = caps.num_heads
-    if q is not None:
-        check_tensor("q", q, dtype=torch.float8_e4m3fn, shape=(rows, h, INDEX_DIM), contiguous=True, device=dev)
-        require(weights is not None, "weights: expected a [rows, Hi] float32 tensor with q, got None")
-        check_tensor("weights", weights, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev)
-    if starts is not None:
-        check_tensor("starts", starts, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
-    if active_width is not None:
-        check_tensor("active_width", active_width, dtype=torch.int32, shape=(1,), device=dev, align=4)
-    if num_blocks is None:
-        num_blocks = MAX_SLOT_BLOCKS
-    require(isinstance(num_blocks, int) and num_blocks >= 1,
-            f"num_blocks: expected an int >= 1 (the K cache's pages) or None, got {num_blocks!r}")
-    if logits is not None:
-        _check_rowmajor("logits", logits, torch.float32, (rows, None), dev)
-        require(width is None or width == logits.shape[1],
-                f"width: expected logits.shape[1]={logits.shape[1]} or None, got {width}")
-        width = logits.shape[1]
-    require(isinstance(width, int) and 1 <= width <= caps.max_width,
-            f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
-    if logits is None and "logits" in plan.regions:
-        logits = _scratch.view(scratch, plan.regions["logits"], (rows, width))
-    k = caps.topk if k is None else k
-    require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
-            f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")
-    rows_per_req = 1
-    if (caps.mode == "paged" and q is not None) or physical:
-        require(block_table is not None, "block_table: expected a [requests, pages] int32 tensor, got None")
-    if block_table is not None:
-        _check_rowmajor("block_table", block_table, torch.int32, (None, None), dev)
-        req = block_table.shape[0]
-        require(req >= 1 and rows % req == 0,
-                f"block_table: expected a number of requests dividing rows={rows}, got {req}")
-        rows_per_req = rows // req
-        need_pages = -(-width // PAGE)
-        require(block_table.shape[1] >= need_pages,
-                f"block_table: expected at least ceil(width / 64) = {need_pages} pages per request, "
-                f"got {block_table.shape[1]}")
-    if indices is None:
-        indices = _scratch.view(scratch, plan.regions["indices"], (rows, k))
-    _check_rowmajor("indices", indices, torch.int32, (rows, k), dev)
-    if caps.with_scores:
-        if scores is None:
-            scores = _scratch.view(scratch, plan.regions["scores"], (rows, k))
-        _check_rowmajor("scores", scores, torch.float32, (rows, k), dev)
-    else:
-        require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
-    cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
-                  plan.regions[f"cand_cnt_{s}"]) for s in "ab")
-    g = plan.logits_rows_per_unit(rows_per_req)
-    return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
-                   block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
-                   indices, scores, cand, plan.pages_per_cta(rows // g, width))
+bind = module_bind(IndexerPlan, Binding, __name__)
 
 
 def check_kv_cache(kv_cache, mode: str, device: torch.device) -> None:
@@ -515,7 +514,7 @@ def _cached_plan(caps: Caps) -> IndexerPlan:
 
 def _op_caps(num_heads: int, topk: int, compress_ratio: int, mode: str, max_batched: int, max_width: int,
              with_scores: bool, logits_in_scratch: bool) -> Caps:
-    return Caps(num_heads=num_heads, topk=topk, compress_ratio=compress_ratio, mode=mode, max_batched=max_batched,
+    return Caps(num_heads=num_heads, topk=topk, compress_ratio=compress_ratio, mode=mode, max_rows=max_batched,
                 max_width=max_width, with_scores=with_scores, logits_in_scratch=logits_in_scratch)
 
 
@@ -526,7 +525,7 @@ def indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Te
     """logits <- paged indexer logits. active_width: [1] int32 in entries (see bind). scratch:
     plan(Caps(..., logits_in_scratch=False)).scratch_bytes()."""
     p = _cached_plan(_op_caps(q.shape[1], TOPK_MAX, compress_ratio, "paged", max_batched, max_width, False, False))
-    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
+    b = p.bind(scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
              active_width=active_width, logits=logits)
     run_logits(b, kv_cache=kv_cache)
 
@@ -544,7 +543,7 @@ def indexer_topk_op(logits: torch.Tensor, lengths: torch.Tensor, starts: Optiona
                     max_batched: int, max_width: int) -> None:
     """indices (and scores) <- exact top-k of logits; physical slots when block_table is given."""
     p = _cached_plan(_op_caps(8, topk, compress_ratio, "paged", max_batched, max_width, scores is not None, False))
-    b = bind(p, scratch=scratch, lengths=lengths, starts=starts, active_width=active_width, block_table=block_table,
+    b = p.bind(scratch, lengths=lengths, starts=starts, active_width=active_width, block_table=block_table,
              logits=logits, k=indices.shape[1], physical=block_table is not None, indices=indices, scores=scores)
     run_topk(b)
 
@@ -565,7 +564,7 @@ def indexer_index_topk_op(q: torch.Tensor, weights: torch.Tensor, kv_cache: torc
     scratch: plan(Caps(..., logits_in_scratch=True)).scratch_bytes()."""
     p = _cached_plan(_op_caps(q.shape[1], topk, compress_ratio, "paged", max_batched, max_width, scores is not None,
                               True))
-    b = bind(p, scratch=scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
+    b = p.bind(scratch, q=q, weights=weights, lengths=lengths, block_table=block_table,
              active_width=active_width, width=width, k=indices.shape[1], physical=physical, indices=indices,
              scores=scores)
     run_index_topk(b, kv_cache=kv_cache)

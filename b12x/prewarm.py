@@ -1,11 +1,22 @@
 """Prewarm bundles: make every kernel a model configuration can dispatch to built, loaded and
 launched once, before CUDA-graph capture and before freeze().
 
-`prewarm_preset(name, max_batched=...)` warms a catalog preset's whole bundle (for a model
-preset: sparse MLA decode and extend, the indexer's logits, top-k and fused routes, the DCP
-kernels). The per-family calls below it stay usable on their own: a sparse MLA bundle is keyed
-by (q_head_dim, kv_lora_rank, topk, max_batched), qualified by arch, heads and KV format.
-Prewarm binds caller-style scratch per call (plan.bind(scratch=...)), and a key is recorded only
+One signature for every op:
+
+    prewarm(*plans_or_caps, max_rows=None, device=None, scratch=None, group=None) -> list[Plan]
+
+takes plans (or their Caps) of `b12x.attention.sparse_mla`, `b12x.indexer` and `b12x.dcp`,
+resolves every artifact they name (`plan.specs()`) before any launch, then launches each route
+a call of up to `max_rows` rows (None: each plan's `caps.max_rows`) can take, binding `scratch`
+(the engine's workspace; None: one buffer for the warm-up) per call. `group` is the DCP process
+group: the DCP merge then runs for real (all-gather included) with a barrier after each pass, so
+every rank must make the same call. It returns the plans, in order.
+
+`prewarm_preset(name, max_rows=...)` warms a catalog preset's whole bundle (for a model preset:
+sparse MLA decode and extend, the indexer's logits, top-k and fused routes, the DCP kernels).
+The per-family forms (`prewarm_sparse_mla`, `prewarm_indexer`, `b12x.dcp.prewarm_dcp_merge`)
+are what `prewarm` runs per op and stay usable. A sparse MLA bundle is keyed by (q_head_dim,
+kv_lora_rank, topk, max_rows), qualified by arch, heads and KV format. A key is recorded only
 after its warm-up launches succeeded."""
 from __future__ import annotations
 
@@ -26,30 +37,32 @@ from . import registry
 from . import scratch as _scratch
 from .attention import sparse_mla
 from .device import device_arch, num_sms as device_num_sms
+from .plan import Plan, renamed_fields, renamed_kw
 from .validate import require
 
 _lock = threading.Lock()
 _done: set["PrewarmKey"] = set()
 
 
+@renamed_fields(max_batched="max_rows")
 @dataclass(frozen=True)
 class PrewarmKey:
     q_head_dim: int
     kv_lora_rank: int
     topk: int
-    max_batched: int
+    max_rows: int
     num_heads: int
     kv_format: str
     arch: str
 
     def caps(self, mode: str = "decode") -> sparse_mla.Caps:
         return sparse_mla.Caps(num_heads=self.num_heads, topk=self.topk, kv_format=self.kv_format,
-                               max_batched=self.max_batched, mode=mode, q_head_dim=self.q_head_dim,
+                               max_rows=self.max_rows, mode=mode, q_head_dim=self.q_head_dim,
                                kv_lora_rank=self.kv_lora_rank, arch=self.arch)
 
     def specs(self) -> list[KernelSpec]:
         """Every artifact the bundle needs: decode (split + combine) and extend. Each serves all
-        row counts and split plans up to max_batched: those are launch arguments, not
+        row counts and split plans up to max_rows: those are launch arguments, not
         compile-time constants, so `sparse_mla.route` can pick either at any row count."""
         return [self.caps(m).spec(self.arch) for m in sparse_mla.MODES]
 
@@ -71,14 +84,18 @@ def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
     return q, idx, lengths, kv
 
 
-def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: int = 2048, max_batched: int = 256,
+def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: int = 2048, max_rows: int | None = None,
                        q_head_dim: int = 576, kv_lora_rank: int = 512, device: torch.device | str | None = None,
-                       scratch: torch.Tensor | None = None) -> PrewarmKey:
-    """Resolve the bundle's artifacts and launch each kernel at 1 and at max_batched rows.
+                       scratch: torch.Tensor | None = None, max_batched: int | None = None) -> PrewarmKey:
+    """Resolve the bundle's artifacts (decode and extend) and launch each kernel at 1, 2, 4 and
+    max_rows (default 256) rows; `prewarm(sparse_mla.plan(caps))` does this for one plan.
 
-    `scratch` is the engine's own workspace when it has one (bound per call, never kept)."""
+    `scratch` is the engine's own workspace when it has one (bound per call, never kept).
+    (`max_batched` is the deprecated name of `max_rows`.)"""
+    max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "prewarm_sparse_mla")
+    max_rows = 256 if max_rows is None else max_rows
     device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
-    key = PrewarmKey(q_head_dim, kv_lora_rank, topk, max_batched, num_heads, kv_format, device_arch(device))
+    key = PrewarmKey(q_head_dim, kv_lora_rank, topk, max_rows, num_heads, kv_format, device_arch(device))
     with _lock:
         if key in _done:
             return key
@@ -89,31 +106,38 @@ def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: i
         need = max(p.scratch_bytes() for p in plans.values())
         if scratch is None:
             scratch = torch.empty(need, dtype=torch.uint8, device=device)
-        run = {"decode": sparse_mla.run_decode, "extend": sparse_mla.run_extend}
-        for mode, p in plans.items():
-            # decode's split plans change with rows, extend's grid does: warm the row counts an
-            # engine's graphs use, binding the caller's scratch for every call
-            for rows in sorted({1, 2, 4, max_batched}):
-                q, idx, lengths, kv = _warm_inputs(p, rows, device)
-                b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
-                run[mode](b, kv_cache=kv, sm_scale=q_head_dim ** -0.5)
+        for p in plans.values():
+            _warm_sparse_mla_plan(p, max_rows, device, scratch)
         torch.cuda.synchronize(device)
     with _lock:
         _done.add(key)
     return key
 
 
-def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None) -> list:
-    """Resolve an indexer plan's artifacts and launch every route a call with up to
-    caps.max_batched rows can take: the fused path and logits + top-k, each at one row and at
-    max_batched rows, at a one-chunk width and at caps.max_width (the wide top-k), plus MTP row
-    pairs (the row-pair logits kernel) on paged sm_90a.
+def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: torch.device,
+                          scratch: torch.Tensor) -> None:
+    """Decode's split plans change with rows, extend's grid does: warm the row counts an engine's
+    graphs use (1, 2, 4, max_rows, capped at the plan), binding the caller's scratch every call."""
+    run = {"decode": sparse_mla.run_decode, "extend": sparse_mla.run_extend}[p.caps.mode]
+    for rows in sorted({r for r in (1, 2, 4, max_rows) if r <= p.caps.max_rows}):
+        q, idx, lengths, kv = _warm_inputs(p, rows, device)
+        b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
+        run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5)
+
+
+def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,
+                    max_rows: int | None = None) -> list:
+    """Resolve an indexer plan's artifacts and launch every route a call with up to max_rows
+    (None: caps.max_rows) rows can take: the fused path and logits + top-k, each at one row and at
+    max_rows rows, at a one-chunk width and at caps.max_width (the wide top-k), plus MTP row
+    pairs (the row-pair logits kernel) on paged sm_90a; `prewarm(indexer.plan(caps))` runs this.
 
     Returns the (route, rows, width) triples that ran. `scratch` is the engine's workspace."""
     import dataclasses
 
     from . import indexer
 
+    top = caps.max_rows if max_rows is None else min(max_rows, caps.max_rows)
     device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
     base = indexer.plan(caps)
     for spec in base.specs():
@@ -128,14 +152,14 @@ def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: 
                      caps.max_width})
     with torch.cuda.device(device):
         for name, p in plans.items():
-            for rows in sorted({1, caps.max_batched}):
+            for rows in sorted({1, top}):
                 for width in widths:
                     _warm_indexer_call(p, scratch, rows, width, device)
                     ran.append((name, rows, width))
-        if base.logits_pair_spec is not None and caps.max_batched >= 2:
+        if base.logits_pair_spec is not None and top >= 2:
             # MTP: two query rows per request take the row-pair logits kernel
             p = plans["unfused"]
-            for rows in sorted({2, caps.max_batched // 2 * 2}):
+            for rows in sorted({2, top // 2 * 2}):
                 for width in widths:
                     _warm_indexer_call(p, scratch, rows, width, device, rows_per_req=2)
                     ran.append(("mtp-pairs", rows, width))
@@ -171,6 +195,7 @@ def _warm_indexer_call(p, scratch: torch.Tensor, rows: int, width: int, device: 
 DEFAULT_MAX_WIDTH = 131072    # widest indexer row the warm-up launches, in cache entries (128K tokens at c = 1)
 
 
+@renamed_fields(max_batched="max_rows")
 @dataclass(frozen=True)
 class PresetBundle:
     """What prewarm_preset warms for one catalog preset on one arch. Host data only: building it
@@ -179,7 +204,7 @@ class PresetBundle:
     preset: str
     arch: str
     num_sms: int
-    max_batched: int
+    max_rows: int
     max_width: int
     sparse_mla: tuple[PrewarmKey, ...]        # one per attention config: decode and extend
     indexer: tuple[_indexer.Caps, ...]        # paged per compress ratio and contiguous, with and without scores
@@ -212,13 +237,16 @@ class PresetBundle:
         return max([p.scratch_bytes() for p in plans] + ([d.scratch_bytes()] if d is not None else []), default=0)
 
 
-def preset_bundle(name: str, *, arch: str, num_sms: int, max_batched: int, max_width: int = DEFAULT_MAX_WIDTH,
-                  dcp_world: int = 1, dcp_interleave: int = 1) -> PresetBundle:
+def preset_bundle(name: str, *, arch: str, num_sms: int, max_rows: int | None = None,
+                  max_width: int = DEFAULT_MAX_WIDTH, dcp_world: int = 1, dcp_interleave: int = 1,
+                  max_batched: int | None = None) -> PresetBundle:
     """The bundle of catalog preset `name` (codegen.catalog.PRESETS) for `arch`: what
-    prewarm_preset resolves and launches. Raises codegen.catalog.PresetError for an unknown name."""
+    prewarm_preset resolves and launches. Raises codegen.catalog.PresetError for an unknown name.
+    (`max_batched` is the deprecated name of `max_rows`.)"""
+    spelt = "max_rows" if max_batched is None else "max_batched"
+    max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "preset_bundle")
     preset = get_preset(name)
-    require(isinstance(max_batched, int) and max_batched >= 1,
-            f"max_batched: expected an int >= 1, got {max_batched!r}")
+    require(isinstance(max_rows, int) and max_rows >= 1, f"{spelt}: expected an int >= 1, got {max_rows!r}")
     require(isinstance(max_width, int) and 1 <= max_width <= TOPK_WIDTH_MAX,
             f"max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {max_width!r}")
     mla: list[PrewarmKey] = []
@@ -226,34 +254,35 @@ def preset_bundle(name: str, *, arch: str, num_sms: int, max_batched: int, max_w
     dcp_caps = None
     for cfg in preset.configs:
         if isinstance(cfg, ModelConfig):
-            mla.append(PrewarmKey(sparse_mla.Q_DIM, 512, cfg.topk, max_batched, cfg.num_heads, cfg.kv_format, arch))
+            mla.append(PrewarmKey(sparse_mla.Q_DIM, 512, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch))
         elif isinstance(cfg, IndexerConfig):
             shapes = [("paged", c) for c in cfg.compress_ratios] + [("contiguous", 1)]
             ix += [_indexer.Caps(num_heads=cfg.num_heads, topk=cfg.topk, compress_ratio=c, mode=mode,
-                                 max_batched=max_batched, max_width=max_width, with_scores=scores, arch=arch,
+                                 max_rows=max_rows, max_width=max_width, with_scores=scores, arch=arch,
                                  num_sms=num_sms)
                    for mode, c in shapes for scores in (False, True)]
         elif isinstance(cfg, DcpConfig):
-            dcp_caps = _dcp.DcpCaps(k=cfg.topk, world=dcp_world, interleave=dcp_interleave, max_rows=max_batched,
+            dcp_caps = _dcp.DcpCaps(topk=cfg.topk, world=dcp_world, interleave=dcp_interleave, max_rows=max_rows,
                                     arch=arch, num_sms=num_sms)
     require(dcp_world == 1 or dcp_caps is not None,
             f"dcp_group: preset {name!r} has no DCP kernels (a model preset has them), got a group of {dcp_world} ranks")
-    return PresetBundle(name, arch, num_sms, max_batched, max_width, tuple(mla), tuple(ix), dcp_caps)
+    return PresetBundle(name, arch, num_sms, max_rows, max_width, tuple(mla), tuple(ix), dcp_caps)
 
 
 _presets_done: set = set()
 
 
-def prewarm_preset(name: str, *, max_batched: int, max_width: int = DEFAULT_MAX_WIDTH,
+def prewarm_preset(name: str, *, max_rows: int | None = None, max_width: int = DEFAULT_MAX_WIDTH,
                    device: torch.device | str | None = None, dcp_group=None, dcp_interleave: int = 1,
-                   scratch: torch.Tensor | None = None) -> PresetBundle:
+                   scratch: torch.Tensor | None = None, max_batched: int | None = None) -> PresetBundle:
     """Load every artifact of catalog preset `name` and launch each route once; then the engine
     calls b12x.freeze(). For a model preset (`b12x-codegen list`) that is everything its layers
     call: sparse MLA decode and extend (prewarm_sparse_mla), the indexer's paged, row-pair and
     contiguous logits, top-k with and without scores and the fused path (prewarm_indexer), and
     the DCP conversion, merge and owner filter.
 
-    max_batched: most query rows per call (decode batch, extend chunk, indexer rows, DCP rows).
+    max_rows:    most query rows per call (decode batch, extend chunk, indexer rows, DCP rows);
+                 `max_batched` is its deprecated name.
     max_width:   widest indexer logits row launched, in cache entries (default 131072); any width
                  up to 262144 runs on the same artifacts, this only sizes the warm-up.
     device:      a CUDA device; None: the current one.
@@ -266,6 +295,8 @@ def prewarm_preset(name: str, *, max_batched: int, max_width: int = DEFAULT_MAX_
 
     Memoised per (bundle, device, rank), recorded only after every launch succeeded. Returns the
     bundle (bundle.specs() lists the artifacts now loaded)."""
+    max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "prewarm_preset")
+    require(max_rows is not None, "max_rows: expected an int >= 1 (most query rows per call), got None")
     get_preset(name)  # an unknown name fails before the device is touched
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -278,7 +309,7 @@ def prewarm_preset(name: str, *, max_batched: int, max_width: int = DEFAULT_MAX_
         import torch.distributed as dist
 
         world, rank = dist.get_world_size(dcp_group), dist.get_rank(dcp_group)
-    bundle = preset_bundle(name, arch=device_arch(device), num_sms=device_num_sms(device), max_batched=max_batched,
+    bundle = preset_bundle(name, arch=device_arch(device), num_sms=device_num_sms(device), max_rows=max_rows,
                            max_width=max_width, dcp_world=world, dcp_interleave=dcp_interleave)
     memo = (bundle, device, rank)
     with _lock:
@@ -293,25 +324,25 @@ def prewarm_preset(name: str, *, max_batched: int, max_width: int = DEFAULT_MAX_
         _scratch.check(scratch, need, device)
         for key in bundle.sparse_mla:
             prewarm_sparse_mla(num_heads=key.num_heads, kv_format=key.kv_format, topk=key.topk,
-                               max_batched=key.max_batched, q_head_dim=key.q_head_dim, kv_lora_rank=key.kv_lora_rank,
+                               max_rows=key.max_rows, q_head_dim=key.q_head_dim, kv_lora_rank=key.kv_lora_rank,
                                device=device, scratch=scratch)
         for caps in bundle.indexer:
             prewarm_indexer(caps, device=device, scratch=scratch)
         if bundle.dcp is not None:
-            _prewarm_dcp(bundle.dcp, scratch, rank, max_batched, dcp_group, device)
+            _prewarm_dcp(bundle.dcp, scratch, rank, max_rows, dcp_group, device)
         torch.cuda.synchronize(device)
     with _lock:
         _presets_done.add(memo)
     return bundle
 
 
-def _prewarm_dcp(caps: _dcp.DcpCaps, scratch: torch.Tensor, rank: int, max_batched: int, group,
+def _prewarm_dcp(caps_or_plan, scratch: torch.Tensor, rank: int, max_rows: int, group,
                  device: torch.device) -> None:
     """The merge path (convert + pack, all-gather when world > 1, candidate top-k, finalize) at
     the merge prewarm's row counts, then one conversion and one owner filter (no collective)."""
-    p = _dcp.plan(caps, device=device)
-    _dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=max_batched, group=group)
-    k = caps.k
+    p = caps_or_plan if isinstance(caps_or_plan, _dcp.DcpPlan) else _dcp.plan(caps_or_plan, device=device)
+    _dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_rows=max_rows, group=group)
+    k = p.caps.topk
     ids = torch.full((1, k), -1, dtype=torch.int32, device=device)
     ids[0, :8] = torch.arange(8, dtype=torch.int32, device=device)
     scores = torch.where(ids >= 0, torch.zeros_like(ids, dtype=torch.float32), -math.inf)
@@ -319,3 +350,71 @@ def _prewarm_dcp(caps: _dcp.DcpCaps, scratch: torch.Tensor, rank: int, max_batch
     _dcp.convert_to_global(p, local_ids=ids, local_scores=scores, out_ids=out_ids, out_scores=out_scores, rank=rank)
     _dcp.filter_local(p, global_ids=out_ids, out_local=torch.empty_like(ids),
                       lengths=torch.empty(1, dtype=torch.int32, device=device), rank=rank)
+
+
+# -- one signature for every op ----------------------------------------------------------------
+_FAMILIES = {sparse_mla.Caps: sparse_mla.plan, _indexer.Caps: _indexer.plan}
+
+
+def _as_plan(target, device: torch.device) -> Plan:
+    if isinstance(target, Plan):
+        return target
+    if isinstance(target, _dcp.DcpCaps):
+        return _dcp.plan(target, device=device)
+    make = _FAMILIES.get(type(target))
+    require(make is not None, "prewarm: expected plans or Caps of b12x.attention.sparse_mla, b12x.indexer or "
+                              f"b12x.dcp, got {type(target).__name__}")
+    return make(target)
+
+
+def prewarm(*plans, max_rows: int | None = None, device: torch.device | str | None = None,
+            scratch: torch.Tensor | None = None, group=None) -> list[Plan]:
+    """Prewarm every route of each plan (or Caps) of any op, then return the plans in order.
+
+    max_rows: the most rows the warm-up launches (capped at each plan's caps.max_rows); None:
+              each plan's caps.max_rows. Row counts below it (1, 2, 4, ...) are launched too.
+    device:   a CUDA device (None: the current one); a DCP plan made for CPU runs there.
+    scratch:  the engine's uint8 workspace, at least max(plan.scratch_bytes()); None: one buffer
+              is allocated for the warm-up and freed after it. Bound per call, never kept.
+    group:    the DCP process group (None: the default one when initialised). DCP plans with
+              world > 1 run the real merge (all-gather included), a barrier after each pass, with
+              this rank's rank in the group: every rank must make the same call.
+
+    Every artifact is resolved (`plan.specs()`) before the first launch, so a missing one fails
+    before anything runs."""
+    require(max_rows is None or (isinstance(max_rows, int) and max_rows >= 1),
+            f"max_rows: expected None or an int >= 1, got {max_rows!r}")
+    cpu_only = bool(plans) and all(isinstance(t, _dcp.DcpPlan) and t.device_type == "cpu" for t in plans)
+    if device is None:
+        device = torch.device("cpu") if cpu_only else torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    out = [_as_plan(t, device) for t in plans]
+    for p in out:
+        for spec in p.specs():
+            registry.resolve(spec)
+    need = max((p.scratch_bytes() for p in out), default=0)
+    if scratch is None:
+        scratch = torch.empty(need, dtype=torch.uint8, device=device)
+    _scratch.check(scratch, need, device)
+    for p in out:
+        rows = p.caps.max_rows if max_rows is None else min(max_rows, p.caps.max_rows)
+        if isinstance(p, sparse_mla.SparseMLAPlan):
+            with torch.cuda.device(device):
+                _warm_sparse_mla_plan(p, rows, device, scratch)
+        elif isinstance(p, _indexer.IndexerPlan):
+            prewarm_indexer(p.caps, device=device, scratch=scratch, max_rows=rows)
+        else:
+            _prewarm_dcp(p, scratch, _group_rank(p.caps.world, group), rows, group, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
+
+
+def _group_rank(world: int, group) -> int:
+    import torch.distributed as dist
+
+    if world > 1 or group is not None:
+        require(dist.is_available() and dist.is_initialized(),
+                f"group: expected an initialised torch.distributed process group for DCP world={world}, got none")
+        return dist.get_rank(group)
+    return 0

@@ -145,9 +145,11 @@ def cmd_prewarm(args) -> int:
     from b12x.prewarm import prewarm_preset
 
     t0 = time.perf_counter()
-    bundle = prewarm_preset(args.preset, max_batched=args.max_batched, max_width=args.max_width)
+    # --max-batched is the deprecated spelling of --max-rows: passed on as spelled (prewarm_preset warns)
+    rows = {"max_batched": args.max_batched} if args.max_batched is not None else {"max_rows": args.max_rows}
+    bundle = prewarm_preset(args.preset, **rows, max_width=args.max_width)
     print(f"prewarmed preset {bundle.preset} on {bundle.arch}: {len(bundle.specs())} specs loaded and launched "
-          f"(max_batched={bundle.max_batched}, max_width={bundle.max_width}) in {time.perf_counter() - t0:.1f}s")
+          f"(max_rows={bundle.max_rows}, max_width={bundle.max_width}) in {time.perf_counter() - t0:.1f}s")
     return 0
 
 
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         b.add_argument("--jobs", type=_positive_int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="build worker processes (default: up to 4)")
         if name == "prewarm":
-            b.add_argument("--max-batched", type=int, default=256, help="most query rows per call")
+            b.add_argument("--max-rows", type=int, default=256, help="most query rows per call")
+            b.add_argument("--max-batched", type=int, default=None, help="deprecated name of --max-rows")
             b.add_argument("--max-width", type=int, default=131072, help="widest indexer row warmed, in entries")
         b.set_defaults(fn=fn)
     sub.add_parser("verify", help="check every cached artifact against its manifest").set_defaults(fn=cmd_verify)

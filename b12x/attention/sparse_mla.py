@@ -1,9 +1,9 @@
 """Sparse MLA attention (DeepSeek-V3.2 DSA): Caps -> plan -> scratch_specs -> bind -> run_decode.
 
-    caps = Caps(num_heads=16, topk=2048, kv_format="fp8_ds_mla", max_batched=256)
+    caps = Caps(num_heads=16, topk=2048, kv_format="fp8_ds_mla", max_rows=256)
     p = plan(caps)                                   # resolves kernels, may allocate host state
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")  # engine-owned
-    b = bind(p, scratch=scratch, q=q, indices=indices, lengths=lengths, out=out)  # views only
+    b = p.bind(scratch=scratch, q=q, indices=indices, lengths=lengths, out=out)   # views only
     out, lse = run_decode(b, kv_cache=kv, sm_scale=576 ** -0.5)                   # launches only
 
 Decode splits each row's top-k over several CTAs (flash-decoding) and merges the splits in a
@@ -15,7 +15,7 @@ allocates nothing and is CUDA-graph capturable.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -26,6 +26,7 @@ from codegen.tiling import COMBINE_FEW_SPLITS, decode_tiling
 
 from .. import registry
 from .. import scratch as _scratch
+from ..plan import Plan, module_bind, renamed_fields, spelled
 from ..device import device_arch, num_sms as device_num_sms
 from ..errors import InputError
 from ..reference import FP8_RECORD, NOPE, PAGE
@@ -37,14 +38,16 @@ MODES = ("decode", "extend")
 _KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
 
 
+@renamed_fields(max_batched="max_rows")
 @dataclass(frozen=True)
 class Caps:
-    """What the engine will ask of sparse MLA. Frozen: a plan is keyed by it."""
+    """What the engine will ask of sparse MLA. Frozen: a plan is keyed by it. (`max_batched` is
+    the deprecated name of `max_rows`.)"""
 
     num_heads: int
     topk: int = 2048
     kv_format: str = "fp8_ds_mla"
-    max_batched: int = 256  # most query rows per call
+    max_rows: int = 256     # most query rows per call
     mode: str = "decode"    # "decode": split over the top-k + combine; "extend": one CTA per row
     q_head_dim: int = 576
     kv_lora_rank: int = 512
@@ -79,14 +82,13 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     return best[1], best[2] * PAGE
 
 
-@dataclass
-class SparseMLAPlan:
+@dataclass(frozen=True, kw_only=True)
+class SparseMLAPlan(Plan):
     caps: Caps
     spec: SparseMLASpec
     num_sms: int
     head_block: int
     ctas_per_sm: int = 1
-    regions: dict = field(default_factory=dict)
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
 
@@ -104,45 +106,54 @@ class SparseMLAPlan:
         writes out and lse itself: no partials, no combine). Part of the prewarm bundle."""
         return registry.resolve(replace(self.spec, mode="extend"))
 
+    def specs(self) -> list[SparseMLASpec]:
+        """This plan's artifact, and for decode the extend one its one-split calls may run."""
+        return [self.spec] + ([replace(self.spec, mode="extend")] if self.whole_row else [])
+
     def splits(self, rows: int, width: int) -> tuple[int, int]:
         return split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
 
-    def scratch_specs(self) -> list[_scratch.ScratchRegion]:
-        return list(self.regions.values())
+    def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+             num_rows: torch.Tensor | None = None) -> "Binding":
+        """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
-    def scratch_bytes(self) -> int:
-        return _scratch.total_bytes(self.regions)
-
-    def bind(self, scratch: torch.Tensor, **tensors) -> "Binding":
-        return bind(self, scratch=scratch, **tensors)
+        out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
+        the scratch, valid until the next run on that scratch.
+        Extend only: num_rows, a [1] int32 device tensor, makes rows a capacity: the grid covers
+        q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count).
+        q sets the device: every other tensor must be on q's, and run_* needs it to be a CUDA
+        device (bind itself only makes views, so its checks also run on CPU tensors)."""
+        return _bind(self, scratch, q, indices, lengths, out, lse, num_rows)
 
 
 def plan(caps: Caps) -> SparseMLAPlan:
     """Validate caps, pick the kernel spec and split policy, lay out the scratch."""
     arch = caps.arch or device_arch()
     spec = caps.spec(arch)  # raises SpecError naming the field
-    require(isinstance(caps.max_batched, int) and caps.max_batched >= 1,
-            f"Caps.max_batched: expected an int >= 1, got {caps.max_batched!r}")
+    require(isinstance(caps.max_rows, int) and caps.max_rows >= 1,
+            f"Caps.{spelled(caps, 'max_rows')}: expected an int >= 1, got {caps.max_rows!r}")
     sms = caps.num_sms or device_num_sms()
     tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
     # decode may hand one-split calls to the extend kernel where extend runs the same tile loop,
     # or the 64-head producer form (fp8 at 32 heads: faster for whole rows than decode's tiles)
     ext_tile = decode_tiling(caps.num_heads, caps.kv_format, arch, "extend")
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
-    p = SparseMLAPlan(caps, spec, sms, int(tile["head_block"]), int(tile["ctas_per_sm"]), whole_row=whole_row)
-    h, rows = caps.num_heads, caps.max_batched
+    head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
+    h, rows = caps.num_heads, caps.max_rows
     layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
     if caps.mode == "decode":
-        # The most partial rows any row count up to max_batched can need (splits shrink as rows grow).
-        partial_rows = max(r * p.splits(r, caps.topk)[0] for r in range(1, rows + 1))
+        # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
+        head_blocks = -(-h // head_block)
+        partial_rows = max(r * split_plan(r, caps.topk, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
         # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
         # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
         layout = [("partial_o", torch.float16, partial_rows * h * NOPE),
                   ("partial_lse", torch.float32, partial_rows * h)] + layout
     else:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
-    p.regions = _scratch.layout(layout)
-    return p
+    return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
+                         ctas_per_sm=ctas_per_sm, whole_row=whole_row)
 
 
 @dataclass(frozen=True)
@@ -160,24 +171,16 @@ class Binding:
     owns_num_rows: bool = False              # extend: num_rows is scratch that run_extend fills
 
 
-def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor,
-         lengths: torch.Tensor, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-         num_rows: torch.Tensor | None = None) -> Binding:
-    """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
-
-    out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
-    the scratch, valid until the next run on that scratch.
-    Extend only: num_rows, a [1] int32 device tensor, makes rows a capacity: the grid covers
-    q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count).
-    q sets the device: every other tensor must be on q's, and run_* needs it to be a CUDA
-    device (bind itself only makes views, so its checks also run on CPU tensors)."""
+def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+          out: torch.Tensor | None, lse: torch.Tensor | None, num_rows: torch.Tensor | None) -> Binding:
+    """SparseMLAPlan.bind."""
     caps = plan.caps
     h = caps.num_heads
     check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, Q_DIM), contiguous=True)
     check_cuda_anchor("q", q, indices, lengths, scratch, out, lse, num_rows)
     rows = q.shape[0]
     dev = q.device
-    require(rows <= caps.max_batched, f"q: expected at most Caps.max_batched={caps.max_batched} rows, got {rows}")
+    require(rows <= caps.max_rows, f"q: expected at most Caps.{spelled(caps, 'max_rows')}={caps.max_rows} rows, got {rows}")
     check_tensor("indices", indices, dtype=torch.int32, shape=(rows, None), contiguous=True, device=dev)
     width = indices.shape[1]
     require(width % PAGE == 0 and PAGE <= width <= caps.topk,
@@ -202,6 +205,9 @@ def bind(plan: SparseMLAPlan, *, scratch: torch.Tensor, q: torch.Tensor, indices
     return Binding(plan, q, indices, lengths, out, lse,
                    _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
                    _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
+
+
+bind = module_bind(SparseMLAPlan, Binding, __name__)
 
 
 def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device) -> None:
@@ -313,8 +319,8 @@ def sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          attn_sink: Optional[torch.Tensor], lse_natural: bool, kv_format: str, topk: int,
                          max_batched: int) -> None:
     """out/lse <- sparse MLA decode. scratch must hold plan(Caps(...)).scratch_bytes() bytes."""
-    p = _cached_plan(Caps(num_heads=q.shape[1], topk=topk, kv_format=kv_format, max_batched=max_batched))
-    b = bind(p, scratch=scratch, q=q, indices=indices, lengths=lengths, out=out, lse=lse)
+    p = _cached_plan(Caps(num_heads=q.shape[1], topk=topk, kv_format=kv_format, max_rows=max_batched))
+    b = p.bind(scratch, q=q, indices=indices, lengths=lengths, out=out, lse=lse)
     run_decode(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink, lse_base="e" if lse_natural else "2")
 
 

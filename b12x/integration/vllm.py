@@ -7,11 +7,11 @@ adapter"; tests/test_readme_examples.py checks that these calls exist as written
     dcp = DcpConfig(world=dcp_size, rank=dcp_rank, interleave=interleave, group=dcp_group)
     bufs = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)    # target AND MTP draft
     merged = make_topk_buffers(max_tokens, topk, dcp_world_size=dcp_size, device=dev)  # DCP > 1: the global top-k
-    indexer = SparseIndexer(num_heads=64, topk=topk, max_batched=max_batched, max_width=max_width, dcp=dcp)
-    mla = SparseMLA(num_heads=num_heads, topk=topk, kv_format="fp8_ds_mla", max_batched=max_batched)
+    indexer = SparseIndexer(num_heads=64, topk=topk, max_rows=max_rows, max_width=max_width, dcp=dcp)
+    mla = SparseMLA(num_heads=num_heads, topk=topk, kv_format="fp8_ds_mla", max_rows=max_rows)
     ws = torch.empty(max(indexer.scratch_bytes(), mla.scratch_bytes()), dtype=torch.uint8, device=dev)
-    prewarm(num_heads=num_heads, topk=topk, max_batched=max_batched, indexer=indexer, dcp=dcp, scratch=ws)
-    b12x.prewarm.prewarm_indexer(indexer.plan.caps, scratch=ws)   # prewarm covers sparse MLA and the DCP merge
+    prewarm(num_heads=num_heads, topk=topk, max_rows=max_rows, indexer=indexer, dcp=dcp, scratch=ws)
+    b12x.prewarm.prewarm(indexer.plan, scratch=ws)   # the adapter's prewarm covers sparse MLA and the DCP merge
     b12x.freeze()
 
     # per step (CUDA-graph capturable, no host sync):
@@ -46,7 +46,9 @@ from .. import dcp as _dcp
 from .. import indexer as _ix
 from ..attention import sparse_mla as _mla
 from ..metadata import decode_active_width
+from ..plan import renamed_kw
 from ..prewarm import prewarm_sparse_mla
+from ..validate import require
 
 make_topk_buffers = _dcp.allocate_topk_buffers
 decode_metadata = decode_active_width
@@ -66,14 +68,17 @@ class DcpConfig:
 class SparseIndexer:
     """Lightning indexer + top-k for one layer kind (target or MTP draft: same buffers helper)."""
 
-    def __init__(self, *, num_heads: int, topk: int, max_batched: int, max_width: int, compress_ratio: int = 1,
-                 dcp: DcpConfig = DcpConfig()):
+    def __init__(self, *, num_heads: int, topk: int, max_rows: int | None = None, max_width: int,
+                 compress_ratio: int = 1, dcp: DcpConfig = DcpConfig(), max_batched: int | None = None):
+        """(`max_batched` is the deprecated name of `max_rows`.)"""
+        max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "SparseIndexer")
+        require(max_rows is not None, "max_rows: expected an int >= 1 (most query rows per call), got None")
         self.dcp = dcp
         self.plan = _ix.plan(_ix.Caps(num_heads=num_heads, topk=topk, compress_ratio=compress_ratio,
-                                      max_batched=max_batched, max_width=max_width, with_scores=dcp.world > 1,
+                                      max_rows=max_rows, max_width=max_width, with_scores=dcp.world > 1,
                                       logits_in_scratch=True))
-        self.dcp_plan = _dcp.plan(_dcp.DcpCaps(k=topk, world=dcp.world, interleave=dcp.interleave,
-                                               max_rows=max_batched)) if dcp.world > 1 else None
+        self.dcp_plan = _dcp.plan(_dcp.Caps(topk=topk, world=dcp.world, interleave=dcp.interleave,
+                                            max_rows=max_rows)) if dcp.world > 1 else None
 
     def scratch_bytes(self) -> int:
         return max(self.plan.scratch_bytes(), self.dcp_plan.scratch_bytes() if self.dcp_plan else 0)
@@ -95,9 +100,9 @@ class SparseIndexer:
             if active_width is not None:
                 raise _ix.InputError("max_len: expected None when active_width is given (max_len is its old name)")
             active_width = max_len
-        b = _ix.bind(self.plan, scratch=scratch, q=q_fp8, weights=weights, lengths=seq_lens, block_table=block_table,
-                     width=width, active_width=active_width, indices=out.indices[:rows],
-                     scores=out.scores[:rows] if self.plan.caps.with_scores else None)
+        b = self.plan.bind(scratch, q=q_fp8, weights=weights, lengths=seq_lens, block_table=block_table,
+                           width=width, active_width=active_width, indices=out.indices[:rows],
+                           scores=out.scores[:rows] if self.plan.caps.with_scores else None)
         _ix.run_index_topk(b, kv_cache=kv_cache)
         return out
 
@@ -121,8 +126,12 @@ class SparseIndexer:
 class SparseMLA:
     """Sparse MLA decode for one layer kind; plans per batch bucket are made once."""
 
-    def __init__(self, *, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_batched: int = 256):
-        self.plan = _mla.plan(_mla.Caps(num_heads=num_heads, topk=topk, kv_format=kv_format, max_batched=max_batched))
+    def __init__(self, *, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_rows: int | None = None,
+                 max_batched: int | None = None):
+        """(`max_batched` is the deprecated name of `max_rows`; default 256.)"""
+        max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "SparseMLA")
+        self.plan = _mla.plan(_mla.Caps(num_heads=num_heads, topk=topk, kv_format=kv_format,
+                                        max_rows=256 if max_rows is None else max_rows))
 
     def scratch_bytes(self) -> int:
         return self.plan.scratch_bytes()
@@ -132,13 +141,16 @@ class SparseMLA:
         return _mla.run_decode(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink)
 
 
-def prewarm(*, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_batched: int = 256,
+def prewarm(*, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_rows: int | None = None,
             indexer: Optional[SparseIndexer] = None, dcp: DcpConfig = DcpConfig(),
-            scratch: Optional[torch.Tensor] = None) -> None:
-    """Prewarm sparse MLA decode (binding `scratch` per call) and, under DCP, the real merge path
-    with a barrier after each pass. Every rank must call it with the same arguments."""
-    prewarm_sparse_mla(num_heads=num_heads, kv_format=kv_format, topk=topk, max_batched=max_batched, scratch=scratch)
+            scratch: Optional[torch.Tensor] = None, max_batched: int | None = None) -> None:
+    """Prewarm sparse MLA decode and extend (binding `scratch` per call) and, under DCP, the real
+    merge path with a barrier after each pass. Every rank must call it with the same arguments.
+    (`max_batched` is the deprecated name of `max_rows`; default 256.)"""
+    max_rows = renamed_kw(max_rows, max_batched, "max_batched", "max_rows", "prewarm")
+    max_rows = 256 if max_rows is None else max_rows
+    prewarm_sparse_mla(num_heads=num_heads, kv_format=kv_format, topk=topk, max_rows=max_rows, scratch=scratch)
     if indexer is not None and indexer.dcp_plan is not None:
         ws = scratch if scratch is not None else torch.empty(indexer.scratch_bytes(), dtype=torch.uint8,
                                                              device="cuda")
-        _dcp.prewarm_dcp_merge(indexer.dcp_plan, scratch=ws, rank=dcp.rank, max_batched=max_batched, group=dcp.group)
+        _dcp.prewarm_dcp_merge(indexer.dcp_plan, scratch=ws, rank=dcp.rank, max_rows=max_rows, group=dcp.group)
