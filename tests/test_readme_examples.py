@@ -14,12 +14,12 @@ from readme_blocks import (README_SECTIONS, check_calls, docstring_code, inline_
 SM = "b12x.attention.sparse_mla"
 # The calls each example must show (and that must therefore exist as written).
 REQUIRED = {
-    "engine": {f"{SM}.Caps", f"{SM}.plan", f"{SM}.SparseMLAPlan.scratch_bytes", f"{SM}.bind", f"{SM}.run_decode",
-               f"{SM}.run_extend", "b12x.registry.freeze"},
+    "engine": {f"{SM}.Caps", f"{SM}.plan", f"{SM}.SparseMLAPlan.scratch_bytes", f"{SM}.SparseMLAPlan.bind",
+               f"{SM}.run_decode", f"{SM}.run_extend", "b12x.registry.freeze"},
     "indexer": {"b12x.indexer.Caps", "b12x.indexer.plan", "b12x.indexer.IndexerPlan.scratch_bytes",
-                "b12x.indexer.bind", "b12x.indexer.run_index_topk", "b12x.prewarm.prewarm_indexer"},
+                "b12x.indexer.IndexerPlan.bind", "b12x.indexer.run_index_topk", "b12x.prewarm.prewarm"},
     "dcp": {"b12x.dcp.allocate_topk_buffers", "b12x.dcp.DcpCaps", "b12x.dcp.plan", "b12x.dcp.DcpPlan.scratch_bytes",
-            "b12x.dcp.prewarm_dcp_merge", "b12x.dcp.merge_topk", "b12x.dcp.filter_local"},
+            "b12x.prewarm.prewarm", "b12x.dcp.DcpPlan.bind", "b12x.dcp.run_merge", "b12x.dcp.filter_local"},
 }
 # What the README says the adapter's docstring shows.
 ADAPTER = "b12x.integration.vllm"
@@ -65,7 +65,7 @@ def test_extraction_finds_each_block_under_its_heading():
         code = python_block(section, text)
         ast.parse(code)
         assert code.strip() and code in text, section
-    assert "prewarm_indexer" in python_block("indexer") and "merge_topk" in python_block("dcp")
+    assert "prewarm(p" in python_block("indexer") and "run_merge" in python_block("dcp")
 
 
 def test_checker_catches_what_it_is_for():
