@@ -1,7 +1,9 @@
 """Lightning indexer on the CPU: specs, rendering, references, plan/bind validation, and an
 ahead-of-time build of a representative subset for sm_90a and sm_120a (marked slow)."""
 import ast
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ from b12x.indexer_reference import (dequantize_k_pages, indexer_logits_contiguou
 from codegen.indexer_specs import IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
 from codegen.render import header, render, template_hash
 from codegen.specs import KernelSpec, SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- specs ------------------------------------------------------------------------------------
@@ -413,7 +417,11 @@ def test_rendered_kernels_use_the_active_width_as_entries():
              IndexerTopKSpec(num_heads=64, compress_ratio=4), IndexerTopKSpec(num_heads=16, compress_ratio=128,
                                                                                 arch="sm_120a")]
     for spec in specs:
-        reads = [ln.strip() for ln in render(spec).splitlines() if "ActiveWidth[0]" in ln]
+        # the module's code and that of the building blocks it imports (codegen/cute_blocks/...)
+        text = render(spec)
+        for mod in sorted(set(re.findall(r"^from (codegen\.cute_blocks\.[\w.]+) import", text, re.M))):
+            text += "\n" + (ROOT / (mod.replace(".", "/") + ".py")).read_text()
+        reads = [ln.strip() for ln in text.splitlines() if "ActiveWidth[0]" in ln]
         assert reads, f"{spec.name}: reads the active-width buffer"
         for ln in reads:
             assert "max(mActiveWidth[0], 0)" in ln and "min(width," in ln, f"{spec.name}: {ln}"

@@ -1,4 +1,19 @@
-# ---- fp8 warp MMA and raw loads (shared by the indexer templates) ---------------------------
+"""fp8 (e4m3) scoring of the lightning indexer: warp mma.sync (sm_89 on, the sm_120a form) and
+wgmma (sm_90a), raw 16-byte loads, cp.async, shared-memory matrix descriptors.
+
+Written once here and imported by the generated indexer modules (logits, fused score-and-select).
+Free functions need no configuration; `Fp8Scorer(num_heads)` holds the head count the scoring
+loops unroll over (a Python int: every loop over heads is unrolled at trace time)."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+HEAD_DIM = 128                  # the indexer's head dim (IndexerLogitsSpec allows only 128)
+
+
+# ---- fp8 warp MMA and raw loads ---------------------------
 # The indexer keeps every operand in registers: K rows are read with 16-byte loads straight into
 # the A fragments of mma.sync.m16n8k32 (e4m3), q into the B fragments. Both operands are K-major,
 # which is the only layout fp8 mma.sync takes. The 128 dims are permuted identically for q and k
@@ -72,55 +87,6 @@ def quad_sum(v: Float32) -> Float32:
     return v
 
 
-@cute.jit
-def load_q_fragments(mQ: cute.Tensor, row: Int32, g: Int32, tig: Int32, rQ: cute.Tensor):
-    """q[row] as B fragments: n-tile j holds head 8 j + g; 8 words per head (see the permutation)."""
-    base = mQ.iterator.toint() + Int64(row) * (NUM_HEADS * HEAD_DIM)
-    for j in cutlass.range_constexpr(NUM_HEADS // 8):
-        head_addr = base + (j * 8 + g) * HEAD_DIM + tig * 16
-        for h in cutlass.range_constexpr(2):
-            load_16b(head_addr + h * 64, cute.local_tile(rQ[j, None], (4,), (h,)))
-
-
-@cute.jit
-def load_weights(mW: cute.Tensor, row: Int32, tig: Int32, rW: cute.Tensor):
-    """weights of the 2 accumulator columns this thread holds in each n-tile: heads 8 j + 2 tig + c."""
-    for j in cutlass.range_constexpr(NUM_HEADS // 8):
-        for c in cutlass.range_constexpr(2):
-            rW[j, c] = mW[row, j * 8 + tig * 2 + c]
-
-
-@cute.jit
-def score_16_tokens(rQ: cute.Tensor, rW: cute.Tensor, rK: cute.Tensor, rS: cute.Tensor, tig: Int32) -> Float32:
-    """Logits of the warp's 16 tokens (rows g and g + 8 of rK); returns the value of token
-    g + 8 * tig for lanes with tig < 2 (the quad holds both after the reduction).
-
-    sum_h w[h] relu(q_h . k) over Hi heads = over the n-tiles and the 2 columns per thread, then
-    across the quad."""
-    acc = cute.make_rmem_tensor((NUM_HEADS // 8, 4), Float32)
-    acc.fill(0.0)
-    for s in cutlass.range_constexpr(4):
-        for j in cutlass.range_constexpr(NUM_HEADS // 8):
-            d0, d1, d2, d3 = mma_e4m3_m16n8k32(
-                rK[0, 2 * s], rK[1, 2 * s], rK[0, 2 * s + 1], rK[1, 2 * s + 1],
-                rQ[j, 2 * s], rQ[j, 2 * s + 1],
-                acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
-            acc[j, 0] = d0
-            acc[j, 1] = d1
-            acc[j, 2] = d2
-            acc[j, 3] = d3
-    v0 = Float32(0.0)  # token g
-    v1 = Float32(0.0)  # token g + 8
-    for j in cutlass.range_constexpr(NUM_HEADS // 8):
-        for c in cutlass.range_constexpr(2):
-            v0 = v0 + cute.arch.fmax(acc[j, c], Float32(0.0)) * rW[j, c]
-            v1 = v1 + cute.arch.fmax(acc[j, 2 + c], Float32(0.0)) * rW[j, c]
-    v0 = quad_sum(v0) * rS[0]
-    v1 = quad_sum(v1) * rS[1]
-    return v1 if tig == 1 else v0
-{% if arch == "sm_90a" %}
-
-
 # ---- Hopper: wgmma (QGMMA) with q in shared memory -------------------------------------------
 # On sm_90a, fp8 mma.sync is not native: ptxas lowers each m16n8k32 to F2FP conversions of both
 # operands plus two HMMA.16816, which made the scoring issue-bound (~1100 cycles per 64-token page
@@ -133,7 +99,6 @@ def score_16_tokens(rQ: cute.Tensor, rW: cute.Tensor, rK: cute.Tensor, rS: cute.
 # for a different order, by up to ~1e-3 relative). B is K-major without swizzle: core matrices of
 # 8 heads x 16 bytes stored as 128 contiguous bytes; 16-byte chunks along K 128 bytes apart (LBO),
 # 8-head groups 1024 bytes apart (SBO).
-Q_SMEM_WORDS = NUM_HEADS * HEAD_DIM // 4
 WG_LBO = 128
 WG_SBO = 1024
 
@@ -233,85 +198,135 @@ def cp_async_16(smem_addr: Int32, gmem_addr: Int64, *, loc=None, ip=None):
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@cute.jit
-def store_q_smem(mQ: cute.Tensor, row: Int32, sQw: cute.Tensor, tidx: Int32, nthreads: cutlass.Constexpr):
-    """q[row] -> sQw (u32 words of the B tile) in the layout above, dims in memory order. The
-    caller fences (fence.proxy.async.shared::cta) and synchronizes before any wgmma reads it."""
-    base = mQ.iterator.toint() + Int64(row) * (NUM_HEADS * HEAD_DIM)
-    r = cute.make_rmem_tensor((4,), Uint32)
-    for v in cutlass.range(tidx, NUM_HEADS * 8, nthreads, unroll=1):   # one 16-byte vector
-        n = v // 8                    # head
-        kv = v % 8                    # 16-byte chunk along K
-        load_16b(base + n * HEAD_DIM + kv * 16, r)
-        w0 = (n // 8) * (WG_SBO // 4) + kv * (WG_LBO // 4) + (n % 8) * 4
-        for cc in cutlass.range_constexpr(4):
-            sQw[w0 + cc] = r[cc]
+class Fp8Scorer:
+    """Scoring of one query row's heads against 16 (mma.sync) or 64 (wgmma) K tokens:
+    sum_h w[h] relu(q_h . k). num_heads: the index heads (a multiple of 8)."""
 
+    def __init__(self, num_heads: int):
+        assert num_heads % 8 == 0
+        self.num_heads = num_heads
+        self.q_smem_words = num_heads * HEAD_DIM // 4     # q[row] as the wgmma B tile (u32 words)
 
-@cute.jit
-def score_page_wgmma(q_desc: Int64, rWs, rK: cute.Tensor, rS: cute.Tensor, tig: Int32):
-    """score_16_tokens on the tensor cores of the warpgroup, for len(rWs) query rows whose q tiles
-    lie back to back from q_desc (one m64n(Hi x rows)k32 chain: the K page is multiplied once).
-    Every warp of the warpgroup must call it together (wgmma is warpgroup-collective). rK holds
-    rows g, g + 8 of the warp's 16 tokens. Returns this lane's score (see relu_weighted_sums)."""
-    acc = [Float32(0.0)] * (NUM_HEADS // 2 * len(rWs))
-    cute.nvgpu.warpgroup.fence()
-    for s in cutlass.range_constexpr(4):
-        # k-step s reads logical chunks 2 s, 2 s + 1: start address + 256 s (descriptor units of 16 B)
-        acc = wgmma_e4m3_k32(acc, rK[0, 2 * s], rK[1, 2 * s], rK[0, 2 * s + 1], rK[1, 2 * s + 1],
-                             q_desc + Int64(16 * s), Int32(0 if s == 0 else 1))
-    cute.nvgpu.warpgroup.commit_group()
-    cute.nvgpu.warpgroup.wait_group(0)
-    return relu_weighted_sums(acc, rWs, rS, tig)
+    @cute.jit
+    def load_q_fragments(self, mQ: cute.Tensor, row: Int32, g: Int32, tig: Int32, rQ: cute.Tensor):
+        """q[row] as B fragments: n-tile j holds head 8 j + g; 8 words per head (see the permutation)."""
+        base = mQ.iterator.toint() + Int64(row) * (self.num_heads * HEAD_DIM)
+        for j in cutlass.range_constexpr(self.num_heads // 8):
+            head_addr = base + (j * 8 + g) * HEAD_DIM + tig * 16
+            for h in cutlass.range_constexpr(2):
+                load_16b(head_addr + h * 64, cute.local_tile(rQ[j, None], (4,), (h,)))
 
+    @cute.jit
+    def load_weights(self, mW: cute.Tensor, row: Int32, tig: Int32, rW: cute.Tensor):
+        """weights of the 2 accumulator columns this thread holds in each n-tile: heads 8 j + 2 tig + c."""
+        for j in cutlass.range_constexpr(self.num_heads // 8):
+            for c in cutlass.range_constexpr(2):
+                rW[j, c] = mW[row, j * 8 + tig * 2 + c]
 
-@cute.jit
-def relu_weighted_sums(acc, rWs, rS: cute.Tensor, tig: Int32) -> Float32:
-    """From the m64n(Hi x rows)k32 accumulators (rows = len(rWs), 1 or 2): sum_h w[r, h] relu(acc)
-    times the token's K scale. Lane tig of a quad returns token g + 8 (tig % 2) of row
-    (tig // 2) % rows: the quad's partial sums are reduced "transposed", each shuffle round halving
-    the values a lane keeps instead of every lane summing all of them."""
-    rows = len(rWs)
-    v = []                                   # per (row, token g / g + 8): this lane's partial sum
-    for r in cutlass.range_constexpr(rows):
-        # two partial sums per token (one per accumulator column): independent FFMA chains
-        p = [Float32(0.0)] * 4              # (token g, col 0), (g, 1), (g + 8, 0), (g + 8, 1)
-        for j in cutlass.range_constexpr(NUM_HEADS // 8):
-            n = r * (NUM_HEADS // 8) + j       # n-tile of head group j of row r
-            for e in cutlass.range_constexpr(4):
-                p[e] = p[e] + cute.arch.fmax(fence_f32(acc[4 * n + e]), Float32(0.0)) * rWs[r][j, e % 2]
-        v.append(p[0] + p[1])
-        v.append(p[2] + p[3])
-    odd = (tig & 1) != 0
-    # round 1 (lanes tig, tig ^ 1): keep this lane's token, hand over the other one
-    keep = []
-    for r in cutlass.range_constexpr(rows):
-        mine = v[2 * r + 1] if odd else v[2 * r]
-        other = v[2 * r] if odd else v[2 * r + 1]
-        keep.append(mine + cute.arch.shuffle_sync_bfly(other, offset=1))
-    out = keep[0]
-    if const_expr(rows == 2):
-        # round 2 (lanes tig, tig ^ 2): keep this lane's row
-        hi = (tig & 2) != 0
-        mine = keep[1] if hi else keep[0]
-        other = keep[0] if hi else keep[1]
-        out = mine + cute.arch.shuffle_sync_bfly(other, offset=2)
-    else:
-        out = out + cute.arch.shuffle_sync_bfly(out, offset=2)
-    return out * (rS[1] if odd else rS[0])
+    @cute.jit
+    def score_16_tokens(self, rQ: cute.Tensor, rW: cute.Tensor, rK: cute.Tensor, rS: cute.Tensor, tig: Int32) -> Float32:
+        """Logits of the warp's 16 tokens (rows g and g + 8 of rK); returns the value of token
+        g + 8 * tig for lanes with tig < 2 (the quad holds both after the reduction).
 
+        sum_h w[h] relu(q_h . k) over Hi heads = over the n-tiles and the 2 columns per thread, then
+        across the quad."""
+        acc = cute.make_rmem_tensor((self.num_heads // 8, 4), Float32)
+        acc.fill(0.0)
+        for s in cutlass.range_constexpr(4):
+            for j in cutlass.range_constexpr(self.num_heads // 8):
+                d0, d1, d2, d3 = mma_e4m3_m16n8k32(
+                    rK[0, 2 * s], rK[1, 2 * s], rK[0, 2 * s + 1], rK[1, 2 * s + 1],
+                    rQ[j, 2 * s], rQ[j, 2 * s + 1],
+                    acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
+                acc[j, 0] = d0
+                acc[j, 1] = d1
+                acc[j, 2] = d2
+                acc[j, 3] = d3
+        v0 = Float32(0.0)  # token g
+        v1 = Float32(0.0)  # token g + 8
+        for j in cutlass.range_constexpr(self.num_heads // 8):
+            for c in cutlass.range_constexpr(2):
+                v0 = v0 + cute.arch.fmax(acc[j, c], Float32(0.0)) * rW[j, c]
+                v1 = v1 + cute.arch.fmax(acc[j, 2 + c], Float32(0.0)) * rW[j, c]
+        v0 = quad_sum(v0) * rS[0]
+        v1 = quad_sum(v1) * rS[1]
+        return v1 if tig == 1 else v0
 
-@cute.jit
-def score_page_wgmma_ss(k_desc: Int64, q_desc: Int64, rWs, rS: cute.Tensor, tig: Int32):
-    """score_page_wgmma with the K page as a shared-memory operand (k_sw128 layout, dims in memory
-    order, as store_q_smem leaves q's tiles): no fragment loads and no A registers. One
-    m64n(Hi x rows)k32 chain; returns this lane's score (see relu_weighted_sums)."""
-    acc = [Float32(0.0)] * (NUM_HEADS // 2 * len(rWs))
-    cute.nvgpu.warpgroup.fence()
-    for s in cutlass.range_constexpr(4):
-        # k-step s: 32 bytes further along K in the swizzled A rows, two core matrices in q's tile
-        acc = wgmma_ss_e4m3_k32(acc, k_desc + Int64(2 * s), q_desc + Int64(16 * s), s > 0)
-    cute.nvgpu.warpgroup.commit_group()
-    cute.nvgpu.warpgroup.wait_group(0)
-    return relu_weighted_sums(acc, rWs, rS, tig)
-{% endif %}
+    @cute.jit
+    def store_q_smem(self, mQ: cute.Tensor, row: Int32, sQw: cute.Tensor, tidx: Int32, nthreads: cutlass.Constexpr):
+        """q[row] -> sQw (u32 words of the B tile) in the layout above, dims in memory order. The
+        caller fences (fence.proxy.async.shared::cta) and synchronizes before any wgmma reads it."""
+        base = mQ.iterator.toint() + Int64(row) * (self.num_heads * HEAD_DIM)
+        r = cute.make_rmem_tensor((4,), Uint32)
+        for v in cutlass.range(tidx, self.num_heads * 8, nthreads, unroll=1):   # one 16-byte vector
+            n = v // 8                    # head
+            kv = v % 8                    # 16-byte chunk along K
+            load_16b(base + n * HEAD_DIM + kv * 16, r)
+            w0 = (n // 8) * (WG_SBO // 4) + kv * (WG_LBO // 4) + (n % 8) * 4
+            for cc in cutlass.range_constexpr(4):
+                sQw[w0 + cc] = r[cc]
+
+    @cute.jit
+    def score_page_wgmma(self, q_desc: Int64, rWs, rK: cute.Tensor, rS: cute.Tensor, tig: Int32):
+        """score_16_tokens on the tensor cores of the warpgroup, for len(rWs) query rows whose q tiles
+        lie back to back from q_desc (one m64n(Hi x rows)k32 chain: the K page is multiplied once).
+        Every warp of the warpgroup must call it together (wgmma is warpgroup-collective). rK holds
+        rows g, g + 8 of the warp's 16 tokens. Returns this lane's score (see relu_weighted_sums)."""
+        acc = [Float32(0.0)] * (self.num_heads // 2 * len(rWs))
+        cute.nvgpu.warpgroup.fence()
+        for s in cutlass.range_constexpr(4):
+            # k-step s reads logical chunks 2 s, 2 s + 1: start address + 256 s (descriptor units of 16 B)
+            acc = wgmma_e4m3_k32(acc, rK[0, 2 * s], rK[1, 2 * s], rK[0, 2 * s + 1], rK[1, 2 * s + 1],
+                                 q_desc + Int64(16 * s), Int32(0 if s == 0 else 1))
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        return self.relu_weighted_sums(acc, rWs, rS, tig)
+
+    @cute.jit
+    def relu_weighted_sums(self, acc, rWs, rS: cute.Tensor, tig: Int32) -> Float32:
+        """From the m64n(Hi x rows)k32 accumulators (rows = len(rWs), 1 or 2): sum_h w[r, h] relu(acc)
+        times the token's K scale. Lane tig of a quad returns token g + 8 (tig % 2) of row
+        (tig // 2) % rows: the quad's partial sums are reduced "transposed", each shuffle round halving
+        the values a lane keeps instead of every lane summing all of them."""
+        rows = len(rWs)
+        v = []                                   # per (row, token g / g + 8): this lane's partial sum
+        for r in cutlass.range_constexpr(rows):
+            # two partial sums per token (one per accumulator column): independent FFMA chains
+            p = [Float32(0.0)] * 4              # (token g, col 0), (g, 1), (g + 8, 0), (g + 8, 1)
+            for j in cutlass.range_constexpr(self.num_heads // 8):
+                n = r * (self.num_heads // 8) + j       # n-tile of head group j of row r
+                for e in cutlass.range_constexpr(4):
+                    p[e] = p[e] + cute.arch.fmax(fence_f32(acc[4 * n + e]), Float32(0.0)) * rWs[r][j, e % 2]
+            v.append(p[0] + p[1])
+            v.append(p[2] + p[3])
+        odd = (tig & 1) != 0
+        # round 1 (lanes tig, tig ^ 1): keep this lane's token, hand over the other one
+        keep = []
+        for r in cutlass.range_constexpr(rows):
+            mine = v[2 * r + 1] if odd else v[2 * r]
+            other = v[2 * r] if odd else v[2 * r + 1]
+            keep.append(mine + cute.arch.shuffle_sync_bfly(other, offset=1))
+        out = keep[0]
+        if const_expr(rows == 2):
+            # round 2 (lanes tig, tig ^ 2): keep this lane's row
+            hi = (tig & 2) != 0
+            mine = keep[1] if hi else keep[0]
+            other = keep[0] if hi else keep[1]
+            out = mine + cute.arch.shuffle_sync_bfly(other, offset=2)
+        else:
+            out = out + cute.arch.shuffle_sync_bfly(out, offset=2)
+        return out * (rS[1] if odd else rS[0])
+
+    @cute.jit
+    def score_page_wgmma_ss(self, k_desc: Int64, q_desc: Int64, rWs, rS: cute.Tensor, tig: Int32):
+        """score_page_wgmma with the K page as a shared-memory operand (k_sw128 layout, dims in memory
+        order, as store_q_smem leaves q's tiles): no fragment loads and no A registers. One
+        m64n(Hi x rows)k32 chain; returns this lane's score (see relu_weighted_sums)."""
+        acc = [Float32(0.0)] * (self.num_heads // 2 * len(rWs))
+        cute.nvgpu.warpgroup.fence()
+        for s in cutlass.range_constexpr(4):
+            # k-step s: 32 bytes further along K in the swizzled A rows, two core matrices in q's tile
+            acc = wgmma_ss_e4m3_k32(acc, k_desc + Int64(2 * s), q_desc + Int64(16 * s), s > 0)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        return self.relu_weighted_sums(acc, rWs, rS, tig)

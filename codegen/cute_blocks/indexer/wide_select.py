@@ -1,35 +1,38 @@
-# ---- exact top-k of wide rows: a threshold from one row histogram, then ranked writes ---------
-# A row wider than one chunk is split over several CTAs; CTA c of a row covers tiles_per_cta
-# consecutive tiles of WIDE_TILE logits (the planner picks tiles_per_cta so that the whole grid is
-# one wave of resident CTAs: many CTAs per row at batch 1, one or a few at large batches).
-#   1. each CTA adds the histogram of the top WIDE_BITS key bits of its tiles into the row
-#      histogram; the last CTA of the row to arrive finds the threshold bin T (the bin holding the
-#      K-th largest key) and publishes it;
-#   2. each CTA counts its keys above T and in T, per (tile, warp), and publishes its totals;
-#   3. keys above T are winners, written at their rank in position order; keys in T go, in
-#      position order, to the row's tie buffer.
-# Steps 2 and 3 re-read the tiles. Step 2 also keeps, per 32 positions, the ballot of the lanes
-# holding a key >= T (about 2-3% of the keys), and step 3 loads only those: most 32-byte sectors
-# of the row are then never read a third time. The CTAs of a row wait for each other between
-# the steps, so they must be resident together: the grid is (CTAs per row, rows), within one wave,
-# and the chunk index is the fastest (a row's CTAs launch together). The caller zeroes the
-# histogram and its sync words before every launch.
-# wide_ties then takes, per row, the `need` largest of the tie buffer by the radix select in
-# shared memory (lowest positions first among equal keys) and writes the -1 / -inf tail. When T
-# holds more keys than the tie buffer (heavily repeated scores), it selects them from the row in
-# global memory instead: slower, still exact. Every write lands at a fixed rank, so the output is
-# deterministic run to run.
-WIDE_BINS = 1 << WIDE_BITS
-WIDE_SHIFT = 32 - WIDE_BITS
-WIDE_PER_LANE = WIDE_TILE // WIDE_THREADS       # logits per lane per tile
-WIDE_WARPS = WIDE_THREADS // 32
-WIDE_WARP_SPAN = 32 * WIDE_PER_LANE              # consecutive positions of a tile owned by one warp
-WIDE_MAX_TILES = (MAX_WIDTH + WIDE_TILE - 1) // WIDE_TILE
-WIDE_HIT_TILES = 16                              # tiles per CTA whose hit masks step 2 keeps for step 3
-SYNC_ARRIVE = WIDE_BINS                          # mHist[row, SYNC_*]: the row's sync words
-SYNC_READY = WIDE_BINS + 1
-SYNC_COUNTED = WIDE_BINS + 2
-assert WIDE_BINS % WIDE_THREADS == 0 and WIDE_TILE % WIDE_THREADS == 0
+"""Exact top-k of wide rows: a threshold from one row histogram, then ranked writes.
+
+A row wider than one chunk is split over several CTAs; CTA c of a row covers tiles_per_cta
+consecutive tiles of `tile` logits (the planner picks tiles_per_cta so that the whole grid is
+one wave of resident CTAs: many CTAs per row at batch 1, one or a few at large batches).
+  1. each CTA adds the histogram of the top `bits` key bits of its tiles into the row
+     histogram; the last CTA of the row to arrive finds the threshold bin T (the bin holding the
+     K-th largest key) and publishes it;
+  2. each CTA counts its keys above T and in T, per (tile, warp), and publishes its totals;
+  3. keys above T are winners, written at their rank in position order; keys in T go, in
+     position order, to the row's tie buffer.
+Steps 2 and 3 re-read the tiles. Step 2 also keeps, per 32 positions, the ballot of the lanes
+holding a key >= T (about 2-3% of the keys), and step 3 loads only those: most 32-byte sectors
+of the row are then never read a third time. The CTAs of a row wait for each other between
+the steps, so they must be resident together: the grid is (CTAs per row, rows), within one wave,
+and the chunk index is the fastest (a row's CTAs launch together). The caller zeroes the
+histogram and its sync words before every launch.
+wide_ties then takes, per row, the `need` largest of the tie buffer by the radix select in
+shared memory (lowest positions first among equal keys) and writes the -1 / -inf tail. When T
+holds more keys than the tie buffer (heavily repeated scores), it selects them from the row in
+global memory instead: slower, still exact. Every write lands at a fixed rank, so the output is
+deterministic run to run.
+
+Written once here and imported by the generated top-k modules; WideChunk and WideTies hold
+their tiling as Python ints (every loop over it unrolls at trace time). Scores are optional as in
+select.py: mScores = None, or the *WithScores classes whose entry points take them."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .select import BINS, RadixSelectMixin, bits_f32, row_bounds, score_to_key, write_winner
+
+HIT_TILES = 16                   # tiles per CTA whose hit masks step 2 keeps for step 3
 
 
 @cute.jit
@@ -70,9 +73,29 @@ def signal(t, row: Int32, col: Int32):
 class WideChunk(RadixSelectMixin):
     """The three steps above for one CTA's tiles; grid (ceil(tiles / tiles_per_cta), rows)."""
 
-    def __init__(self):
-        self.num_threads = WIDE_THREADS
-        self.num_warps = WIDE_WARPS
+    def __init__(self, tile: int, num_threads: int, min_ctas: int, bits: int, max_width: int, tie_cap: int,
+                 count_backwards: bool):
+        """tile: logits per tile (a multiple of num_threads); min_ctas: resident CTAs per SM (the
+        planner's wave); bits: top key bits of the row histogram; max_width sizes the per-CTA tile
+        table; tie_cap: keys of the threshold bin the tie buffer holds. count_backwards: step 2 goes
+        over the tiles last to first (the ones step 1 read last are the likeliest still in L2, and
+        step 3, first to last, then starts on the ones read last here; sm_90a: forward elsewhere,
+        where the reversed loop spills at the 64-register cap)."""
+        self.tile = tile
+        self.num_threads = num_threads
+        self.num_warps = num_threads // 32
+        self.min_ctas = min_ctas
+        self.hist_bins = 1 << bits
+        self.shift = 32 - bits
+        self.per_lane = tile // num_threads          # logits per lane per tile
+        self.warp_span = 32 * self.per_lane          # consecutive positions of a tile owned by one warp
+        self.max_tiles = (max_width + tile - 1) // tile
+        self.tie_cap = tie_cap
+        self.count_backwards = count_backwards
+        self.sync_arrive = self.hist_bins          # mHist[row, sync_*]: the row's sync words
+        self.sync_ready = self.hist_bins + 1
+        self.sync_counted = self.hist_bins + 2
+        assert self.hist_bins % num_threads == 0 and tile % num_threads == 0
 
     @cute.jit
     def __call__(
@@ -82,15 +105,12 @@ class WideChunk(RadixSelectMixin):
         mEnds: cute.Tensor,        # [rows] i32 end of the row in tokens, divided by `ratio`
         mActiveWidth: cute.Tensor, # [1] i32 active width in entries (has_active_width != 0)
         mBlockTable: cute.Tensor,  # [requests, pages] i32 (physical != 0)
-        mHist: cute.Tensor,        # [rows, WIDE_BINS + 4] i32: histogram, then sync words; zero at launch
+        mHist: cute.Tensor,        # [rows, self.hist_bins + 4] i32: histogram, then sync words; zero at launch
         mCnt: cute.Tensor,         # [rows, 2 * CTAs per row] i32: keys above T, keys in T, per CTA
         mState: cute.Tensor,       # [rows, 4] i32: T (-1: every valid key wins), above T, in T, valid
-        mTieKey: cute.Tensor,      # [rows, TIE_CAP] i32 keys in T, position order
-        mTiePos: cute.Tensor,      # [rows, TIE_CAP] i32 their positions
+        mTieKey: cute.Tensor,      # [rows, self.tie_cap] i32 keys in T, position order
+        mTiePos: cute.Tensor,      # [rows, self.tie_cap] i32 their positions
         mIdx: cute.Tensor,         # [rows, k] i32
-{% if with_scores %}
-        mScores: cute.Tensor,      # [rows, k] f32
-{% endif %}
         k: Int32,
         ratio: Int32,
         has_starts: Int32,
@@ -100,24 +120,32 @@ class WideChunk(RadixSelectMixin):
         tiles_per_cta: Int32,
         stream,
     ):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx,
+                    None, k, ratio, has_starts, has_active_width, physical, rows_per_req, tiles_per_cta, stream)
+
+    @cute.jit
+    def launch(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx,
+               mScores, k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32,
+               rows_per_req: Int32, tiles_per_cta: Int32, stream):
+        """The kernel's launch; mScores is None without scores."""
         @cute.struct
         class SharedStorage:
-            sHist: cute.struct.Align[cute.struct.MemRange[Int32, WIDE_BINS], 16]
-            sCnt: cute.struct.Align[cute.struct.MemRange[Int32, WIDE_MAX_TILES * WIDE_WARPS * 2], 16]
-            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, WIDE_HIT_TILES * WIDE_WARPS * WIDE_PER_LANE], 16]
-            sState: cute.struct.Align[cute.struct.MemRange[Int32, 2 * WIDE_WARPS + 8], 16]
+            sHist: cute.struct.Align[cute.struct.MemRange[Int32, self.hist_bins], 16]
+            sCnt: cute.struct.Align[cute.struct.MemRange[Int32, self.max_tiles * self.num_warps * 2], 16]
+            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, HIT_TILES * self.num_warps * self.per_lane], 16]
+            sState: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.num_warps + 8], 16]
 
-        tiles = (mLogits.shape[1] + WIDE_TILE - 1) // WIDE_TILE
+        tiles = (mLogits.shape[1] + self.tile - 1) // self.tile
         ctas = (tiles + tiles_per_cta - 1) // tiles_per_cta
         self.kernel(
-            mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx, {% if with_scores %}mScores, {% endif %}
+            mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx, mScores,
             k, ratio, has_starts, has_active_width, physical, rows_per_req, tiles_per_cta, SharedStorage,
-        ).launch(grid=(ctas, mIdx.shape[0], 1), block=[WIDE_THREADS, 1, 1], stream=stream,
-                 min_blocks_per_mp=WIDE_MIN_CTAS, preferred_smem_carveout=50)
+        ).launch(grid=(ctas, mIdx.shape[0], 1), block=[self.num_threads, 1, 1], stream=stream,
+                 min_blocks_per_mp=self.min_ctas, preferred_smem_carveout=50)
 
     @cute.kernel
     def kernel(
-        self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx, {% if with_scores %}mScores, {% endif %}
+        self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx, mScores,
         k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32,
         rows_per_req: Int32, tiles_per_cta: Int32, SharedStorage: cutlass.Constexpr,
     ):
@@ -127,66 +155,61 @@ class WideChunk(RadixSelectMixin):
         lane = cute.arch.lane_idx()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sHist = storage.sHist.get_tensor(cute.make_layout(WIDE_BINS))
-        sCnt = storage.sCnt.get_tensor(cute.make_layout((2, WIDE_WARPS, WIDE_MAX_TILES)))
-        sHit = storage.sHit.get_tensor(cute.make_layout((WIDE_PER_LANE, WIDE_WARPS, WIDE_HIT_TILES)))
-        sState = storage.sState.get_tensor(cute.make_layout(2 * WIDE_WARPS + 8))
-        tiles = (mLogits.shape[1] + WIDE_TILE - 1) // WIDE_TILE
+        sHist = storage.sHist.get_tensor(cute.make_layout(self.hist_bins))
+        sCnt = storage.sCnt.get_tensor(cute.make_layout((2, self.num_warps, self.max_tiles)))
+        sHit = storage.sHit.get_tensor(cute.make_layout((self.per_lane, self.num_warps, HIT_TILES)))
+        sState = storage.sState.get_tensor(cute.make_layout(2 * self.num_warps + 8))
+        tiles = (mLogits.shape[1] + self.tile - 1) // self.tile
         ctas = (tiles + tiles_per_cta - 1) // tiles_per_cta
         start, end = row_bounds(mLogits, mStarts, mEnds, mActiveWidth, row, ratio, has_starts, has_active_width)
         t0 = cta * tiles_per_cta
         n_tiles = cutlass.max(cutlass.min(tiles_per_cta, tiles - t0), 0)
-        rKeys = cute.make_rmem_tensor((WIDE_PER_LANE,), Uint32)
+        rKeys = cute.make_rmem_tensor((self.per_lane,), Uint32)
         gRow = cute.recast_tensor(mLogits[row, None], Uint32)
 
         # 1. row histogram; the last CTA to arrive publishes the threshold
-        for q in cutlass.range_constexpr(WIDE_BINS // WIDE_THREADS):
-            sHist[q * WIDE_THREADS + tidx] = Int32(0)
+        for q in cutlass.range_constexpr(self.hist_bins // self.num_threads):
+            sHist[q * self.num_threads + tidx] = Int32(0)
         cute.arch.sync_threads()
         for t in cutlass.range(n_tiles, unroll=1):
             base, lo, hi = self.tile_span(t0 + t, warp, start, end)
-            if hi - lo == WIDE_TILE:
+            if hi - lo == self.tile:
                 self.hist_tile(gRow, sHist, base, lo, hi, lane, rKeys, True)
             elif hi > lo:
                 self.hist_tile(gRow, sHist, base, lo, hi, lane, rKeys, False)
         cute.arch.sync_threads()
-        for q in cutlass.range_constexpr(WIDE_BINS // WIDE_THREADS):
-            b = q * WIDE_THREADS + tidx
+        for q in cutlass.range_constexpr(self.hist_bins // self.num_threads):
+            b = q * self.num_threads + tidx
             c = sHist[b]
             if c != 0:
                 cute.arch.red(gptr(mHist, row, b), c, op="add", dtype="s32", sem="relaxed", scope="gpu")
         cute.arch.sync_threads()
         if tidx == 0:
             cute.arch.fence_acq_rel_gpu()
-            arrived = cute.arch.atomic_add(gptr(mHist, row, SYNC_ARRIVE), Int32(1), sem="acq_rel", scope="gpu")
-            sState[2 * WIDE_WARPS] = Int32(arrived == ctas - 1)
+            arrived = cute.arch.atomic_add(gptr(mHist, row, self.sync_arrive), Int32(1), sem="acq_rel", scope="gpu")
+            sState[2 * self.num_warps] = Int32(arrived == ctas - 1)
         cute.arch.sync_threads()
-        if sState[2 * WIDE_WARPS] != 0:
+        if sState[2 * self.num_warps] != 0:
             bin_t, above, in_t, total = self.threshold_bin(mHist, row, k, sState, tidx, warp, lane)
             if tidx == 0:
                 mState[row, 0] = bin_t
                 mState[row, 1] = above
                 mState[row, 2] = in_t
                 mState[row, 3] = total
-                signal(mHist, row, SYNC_READY)
+                signal(mHist, row, self.sync_ready)
         if tidx == 0:
-            wait_for(mHist, row, SYNC_READY, Int32(1))
+            wait_for(mHist, row, self.sync_ready, Int32(1))
         cute.arch.sync_threads()
         bin_t = load_gpu(mState, row, 0)
-        keep_ties = load_gpu(mState, row, 2) <= TIE_CAP
+        keep_ties = load_gpu(mState, row, 2) <= self.tie_cap
 
         # 2. keys above T and in T per (tile, warp); the CTA's totals are published.
-{% if arch == "sm_90a" %}
-        # The tiles go last to first: the ones step 1 read last are the likeliest still in L2, and
-        # step 3, first to last, then starts on the ones read last here. (Forward on sm_120a: the
-        # reversed loop spills there at the 64-register cap.)
-        for t in cutlass.range(n_tiles - 1, -1, -1, unroll=1):
-{% else %}
-        for t in cutlass.range(n_tiles, unroll=1):
-{% endif %}
+        # (last to first with count_backwards, see __init__)
+        t_first, t_stop, t_step = (n_tiles - 1, -1, -1) if const_expr(self.count_backwards) else (0, n_tiles, 1)
+        for t in cutlass.range(t_first, t_stop, t_step, unroll=1):
             base, lo, hi = self.tile_span(t0 + t, warp, start, end)
             packed = Int32(0)
-            if hi - lo == WIDE_TILE:
+            if hi - lo == self.tile:
                 packed = self.count_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, bin_t, True)
             elif hi > lo:
                 packed = self.count_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, bin_t, False)
@@ -196,42 +219,42 @@ class WideChunk(RadixSelectMixin):
         cute.arch.sync_threads()
         mine_gt = Int32(0)
         mine_tie = Int32(0)
-        for i in cutlass.range(tidx, n_tiles * WIDE_WARPS, WIDE_THREADS, unroll=1):
-            mine_gt = mine_gt + sCnt[0, i % WIDE_WARPS, i // WIDE_WARPS]
-            mine_tie = mine_tie + sCnt[1, i % WIDE_WARPS, i // WIDE_WARPS]
+        for i in cutlass.range(tidx, n_tiles * self.num_warps, self.num_threads, unroll=1):
+            mine_gt = mine_gt + sCnt[0, i % self.num_warps, i // self.num_warps]
+            mine_tie = mine_tie + sCnt[1, i % self.num_warps, i // self.num_warps]
         n_gt = self.block_total(mine_gt, sState, tidx, warp, lane)
         n_tie = self.block_total(mine_tie, sState, tidx, warp, lane)
         if tidx == 0:
             mCnt[row, 2 * cta] = n_gt
             mCnt[row, 2 * cta + 1] = n_tie
-            signal(mHist, row, SYNC_COUNTED)
-            wait_for(mHist, row, SYNC_COUNTED, ctas)
+            signal(mHist, row, self.sync_counted)
+            wait_for(mHist, row, self.sync_counted, ctas)
         cute.arch.sync_threads()
 
         # 3. ranks after the earlier CTAs' keys: winners to the output, keys in T to the buffer
         c_gt = Int32(0)
         c_tie = Int32(0)
-        for c in cutlass.range(tidx, cta, WIDE_THREADS, unroll=1):
+        for c in cutlass.range(tidx, cta, self.num_threads, unroll=1):
             c_gt = c_gt + load_gpu(mCnt, row, 2 * c)
             c_tie = c_tie + load_gpu(mCnt, row, 2 * c + 1)
         run_gt = self.block_total(c_gt, sState, tidx, warp, lane)
         run_tie = self.block_total(c_tie, sState, tidx, warp, lane)
         for t in cutlass.range(n_tiles, unroll=1):
             # this warp's offset: every warp of the earlier tiles, the earlier warps of this one
-            for w in cutlass.range_constexpr(WIDE_WARPS):
+            for w in cutlass.range_constexpr(self.num_warps):
                 if w < warp:
                     run_gt = run_gt + sCnt[0, w, t]
                     run_tie = run_tie + sCnt[1, w, t]
             base, lo, hi = self.tile_span(t0 + t, warp, start, end)
             if sCnt[0, warp, t] + sCnt[1, warp, t] > 0:
-                args = (mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, mTieKey, mTiePos, row, start, physical, rows_per_req, keep_ties, bin_t)
-                if hi - lo == WIDE_TILE:
+                args = (mIdx, mScores, mBlockTable, mTieKey, mTiePos, row, start, physical, rows_per_req, keep_ties, bin_t)
+                if hi - lo == self.tile:
                     self.write_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, run_gt, run_tie, args, True)
                 else:
                     self.write_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, run_gt, run_tie, args, False)
                 run_gt = run_gt + sCnt[0, warp, t]
                 run_tie = run_tie + sCnt[1, warp, t]
-            for w in cutlass.range_constexpr(WIDE_WARPS):
+            for w in cutlass.range_constexpr(self.num_warps):
                 if w > warp:
                     run_gt = run_gt + sCnt[0, w, t]
                     run_tie = run_tie + sCnt[1, w, t]
@@ -239,20 +262,20 @@ class WideChunk(RadixSelectMixin):
     @cute.jit
     def tile_span(self, tile: Int32, warp: Int32, start: Int32, end: Int32):
         """(this warp's first position in the tile, the tile's valid range [lo, hi))."""
-        lo = cutlass.max(start, tile * WIDE_TILE)
-        hi = cutlass.min(end, tile * WIDE_TILE + WIDE_TILE)
-        return tile * WIDE_TILE + warp * WIDE_WARP_SPAN, lo, hi
+        lo = cutlass.max(start, tile * self.tile)
+        hi = cutlass.min(end, tile * self.tile + self.tile)
+        return tile * self.tile + warp * self.warp_span, lo, hi
 
     @cute.jit
     def load_keys(self, gRow, base: Int32, lo: Int32, hi: Int32, lane: Int32, rKeys, full: cutlass.Constexpr):
-        """The warp's WIDE_PER_LANE x 32 positions from `base` as keys: coalesced loads, all in flight
+        """The warp's self.per_lane x 32 positions from `base` as keys: coalesced loads, all in flight
         before the first use; in a partial tile from clamped positions (keys outside [lo, hi) are junk)."""
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
+        for j in cutlass.range_constexpr(self.per_lane):
             if const_expr(full):
                 rKeys[j] = gRow[base + j * 32 + lane]
             else:
                 rKeys[j] = gRow[cutlass.min(cutlass.max(base + j * 32 + lane, lo), hi - 1)]
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
+        for j in cutlass.range_constexpr(self.per_lane):
             rKeys[j] = score_to_key(bits_f32(rKeys[j]))
 
     @cute.jit
@@ -266,19 +289,19 @@ class WideChunk(RadixSelectMixin):
     def hist_tile(self, gRow, sHist, base: Int32, lo: Int32, hi: Int32, lane: Int32, rKeys,
                   full: cutlass.Constexpr):
         self.load_keys(gRow, base, lo, hi, lane, rKeys, full)
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
+        for j in cutlass.range_constexpr(self.per_lane):
             if self.live(base + j * 32 + lane, lo, hi, full):
-                cute.arch.atomic_add((sHist.iterator + Int32(rKeys[j] >> Uint32(WIDE_SHIFT))).llvm_ptr, Int32(1))
+                cute.arch.atomic_add((sHist.iterator + Int32(rKeys[j] >> Uint32(self.shift))).llvm_ptr, Int32(1))
 
     @cute.jit
     def count_tile(self, gRow, sHit, t: Int32, base: Int32, lo: Int32, hi: Int32, warp: Int32, lane: Int32, rKeys,
                    bin_t: Int32, full: cutlass.Constexpr) -> Int32:
         """The warp's keys above T (low 16 bits) and in T (high 16 bits), in every lane; the
-        ballots of keys >= T go to sHit for the first WIDE_HIT_TILES tiles."""
+        ballots of keys >= T go to sHit for the first HIT_TILES tiles."""
         self.load_keys(gRow, base, lo, hi, lane, rKeys, full)
         packed = Int32(0)
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
-            d = Int32(rKeys[j] >> Uint32(WIDE_SHIFT))
+        for j in cutlass.range_constexpr(self.per_lane):
+            d = Int32(rKeys[j] >> Uint32(self.shift))
             live = self.live(base + j * 32 + lane, lo, hi, full)
             if live:
                 if d > bin_t:
@@ -286,7 +309,7 @@ class WideChunk(RadixSelectMixin):
                 if d == bin_t:
                     packed = packed + (1 << 16)
             m = Uint32(cute.arch.vote_ballot_sync(live and d >= bin_t))
-            if lane == 0 and t < WIDE_HIT_TILES:
+            if lane == 0 and t < HIT_TILES:
                 sHit[j, warp, t] = m
         for s in cutlass.range_constexpr(5):
             packed = packed + cute.arch.shuffle_sync_bfly(packed, offset=1 << s)
@@ -296,7 +319,7 @@ class WideChunk(RadixSelectMixin):
     def hit_mask(self, sHit, t: Int32, warp: Int32, j: cutlass.Constexpr) -> Uint32:
         """Lanes of step j holding a key >= T (every lane past the recorded tiles)."""
         m = Uint32(0xFFFFFFFF)
-        if t < WIDE_HIT_TILES:
+        if t < HIT_TILES:
             m = sHit[j, warp, t]
         return m
 
@@ -305,27 +328,27 @@ class WideChunk(RadixSelectMixin):
                    run_gt: Int32, run_tie: Int32, args, full: cutlass.Constexpr):
         """Winners of the warp's positions to their ranks after run_gt, keys in T to the buffer
         after run_tie. Only the lanes step 2 marked load their logit."""
-        mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, mTieKey, mTiePos, row, start, physical, rows_per_req, keep_ties, bin_t = args
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
+        mIdx, mScores, mBlockTable, mTieKey, mTiePos, row, start, physical, rows_per_req, keep_ties, bin_t = args
+        for j in cutlass.range_constexpr(self.per_lane):
             if (self.hit_mask(sHit, t, warp, j) >> Uint32(lane)) & Uint32(1) != Uint32(0):
                 p = base + j * 32 + lane
                 if const_expr(not full):
                     p = cutlass.min(cutlass.max(p, lo), hi - 1)
                 rKeys[j] = gRow[p]
         lt_mask = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        for j in cutlass.range_constexpr(WIDE_PER_LANE):
+        for j in cutlass.range_constexpr(self.per_lane):
             m = self.hit_mask(sHit, t, warp, j)
             if m != Uint32(0):
                 p = base + j * 32 + lane
                 key = score_to_key(bits_f32(rKeys[j]))
-                d = Int32(key >> Uint32(WIDE_SHIFT))
+                d = Int32(key >> Uint32(self.shift))
                 ok = (m >> Uint32(lane)) & Uint32(1) != Uint32(0) and self.live(p, lo, hi, full)
                 gt = ok and d > bin_t
                 tie = ok and d == bin_t
                 bg = Uint32(cute.arch.vote_ballot_sync(gt))
                 bt = Uint32(cute.arch.vote_ballot_sync(tie))
                 if gt:
-                    write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row, run_gt + Int32(cute.arch.popc(bg & lt_mask)), p, start,
+                    write_winner(mIdx, mScores, mBlockTable, row, run_gt + Int32(cute.arch.popc(bg & lt_mask)), p, start,
                                  physical, rows_per_req, key)
                 if keep_ties and tie:
                     i = run_tie + Int32(cute.arch.popc(bt & lt_mask))
@@ -347,17 +370,17 @@ class WideChunk(RadixSelectMixin):
     def threshold_bin(self, mHist, row: Int32, k: Int32, sState, tidx: Int32, warp: Int32, lane: Int32):
         """(T, keys above T, keys in T, valid keys) from the finished row histogram. T = -1 when
         the row has at most k valid keys (all of them win)."""
-        per = WIDE_BINS // WIDE_THREADS
-        top = WIDE_BINS - 1 - per * tidx     # thread t owns bins top, top - 1, ... (descending)
+        per = self.hist_bins // self.num_threads
+        top = self.hist_bins - 1 - per * tidx     # thread t owns bins top, top - 1, ... (descending)
         rH = cute.make_rmem_tensor((per,), Int32)
         mine = Int32(0)
         for q in cutlass.range_constexpr(per):
             rH[q] = load_gpu(mHist, row, top - q)
             mine = mine + rH[q]
         if tidx == 0:
-            sState[WIDE_WARPS + 0] = Int32(-1)
-            sState[WIDE_WARPS + 1] = Int32(0)
-            sState[WIDE_WARPS + 2] = Int32(0)
+            sState[self.num_warps + 0] = Int32(-1)
+            sState[self.num_warps + 1] = Int32(0)
+            sState[self.num_warps + 2] = Int32(0)
         above = self.block_exclusive_sum(mine, sState, tidx, warp, lane)   # synchronizes first
         total = Int32(0)
         for w in cutlass.range_constexpr(self.num_warps):
@@ -365,14 +388,14 @@ class WideChunk(RadixSelectMixin):
         for q in cutlass.range_constexpr(per):
             c = rH[q]
             if above < k and above + c >= k:
-                sState[WIDE_WARPS + 0] = top - q
-                sState[WIDE_WARPS + 1] = above
-                sState[WIDE_WARPS + 2] = c
+                sState[self.num_warps + 0] = top - q
+                sState[self.num_warps + 1] = above
+                sState[self.num_warps + 2] = c
             above = above + c
         cute.arch.sync_threads()
-        bin_t = sState[WIDE_WARPS + 0]
-        n_above = sState[WIDE_WARPS + 1]
-        in_t = sState[WIDE_WARPS + 2]
+        bin_t = sState[self.num_warps + 0]
+        n_above = sState[self.num_warps + 1]
+        in_t = sState[self.num_warps + 2]
         if bin_t < 0:
             n_above = total
         return bin_t, n_above, in_t, total
@@ -381,29 +404,41 @@ class WideChunk(RadixSelectMixin):
 class WideTies(RadixSelectMixin):
     """Per row: the winners among the keys in T, then the -1 / -inf tail; grid (rows,)."""
 
-    def __init__(self):
-        self.num_threads = THREADS
-        self.num_warps = THREADS // 32
+    def __init__(self, num_threads: int, bits: int, tie_cap: int):
+        """num_threads: CTA size; bits and tie_cap as WideChunk's (the histogram it left)."""
+        self.num_threads = num_threads
+        self.num_warps = num_threads // 32
+        self.hist_bins = 1 << bits
+        self.shift = 32 - bits
+        self.tie_cap = tie_cap
 
     @cute.jit
     def __call__(self, mLogits: cute.Tensor, mStarts: cute.Tensor, mEnds: cute.Tensor, mActiveWidth: cute.Tensor,
                  mBlockTable: cute.Tensor, mHist: cute.Tensor, mCnt: cute.Tensor, mState: cute.Tensor,
-                 mTieKey: cute.Tensor, mTiePos: cute.Tensor, mIdx: cute.Tensor, {% if with_scores %}mScores: cute.Tensor, {% endif %}
+                 mTieKey: cute.Tensor, mTiePos: cute.Tensor, mIdx: cute.Tensor,
                  k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32, rows_per_req: Int32,
                  tiles_per_cta: Int32, stream):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, None,
+                    k, ratio, has_starts, has_active_width, physical, rows_per_req, stream)
+
+    @cute.jit
+    def launch(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
+               k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32,
+               rows_per_req: Int32, stream):
+        """The kernel's launch; mScores is None without scores."""
         @cute.struct
         class SharedStorage:
-            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, TIE_CAP], 16]
-            sPos: cute.struct.Align[cute.struct.MemRange[Int32, TIE_CAP], 16]
+            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, self.tie_cap], 16]
+            sPos: cute.struct.Align[cute.struct.MemRange[Int32, self.tie_cap], 16]
             sHist: cute.struct.Align[cute.struct.MemRange[Int32, BINS], 16]
             sState: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.num_warps + 8], 16]
 
-        self.kernel(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, {% if with_scores %}mScores, {% endif %}
+        self.kernel(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
                     k, ratio, has_starts, has_active_width, physical, rows_per_req,
                     SharedStorage).launch(grid=(mIdx.shape[0], 1, 1), block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, {% if with_scores %}mScores, {% endif %}
+    def kernel(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
                k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32,
                physical: Int32, rows_per_req: Int32, SharedStorage: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
@@ -412,8 +447,8 @@ class WideTies(RadixSelectMixin):
         lane = cute.arch.lane_idx()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sKeys = storage.sKeys.get_tensor(cute.make_layout(TIE_CAP))
-        sPos = storage.sPos.get_tensor(cute.make_layout(TIE_CAP))
+        sKeys = storage.sKeys.get_tensor(cute.make_layout(self.tie_cap))
+        sPos = storage.sPos.get_tensor(cute.make_layout(self.tie_cap))
         sHist = storage.sHist.get_tensor(cute.make_layout(BINS))
         sState = storage.sState.get_tensor(cute.make_layout(2 * self.num_warps + 8))
         start, end = row_bounds(mLogits, mStarts, mEnds, mActiveWidth, row, ratio, has_starts, has_active_width)
@@ -422,9 +457,9 @@ class WideTies(RadixSelectMixin):
         n_tie = mState[row, 2]
         total = mState[row, 3]
         need = k - n_gt
-        args = (row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx{% if with_scores %}, mScores{% endif %}, sPos)
+        args = (row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx, mScores, sPos)
         if bin_t >= 0:
-            if n_tie <= TIE_CAP:
+            if n_tie <= self.tie_cap:
                 for i in cutlass.range(tidx, n_tie, self.num_threads, unroll=1):
                     sKeys[i] = Uint32(mTieKey[row, i])
                     sPos[i] = mTiePos[row, i]
@@ -436,30 +471,57 @@ class WideTies(RadixSelectMixin):
             else:
                 # more keys in T than the tie buffer holds: select them from the row itself
                 gRow = cute.recast_tensor(mLogits[row, None], Uint32)
-                prefix0 = Uint32(bin_t) << Uint32(WIDE_SHIFT)
-                mask0 = Uint32(WIDE_BINS - 1) << Uint32(WIDE_SHIFT)
+                prefix0 = Uint32(bin_t) << Uint32(self.shift)
+                mask0 = Uint32(self.hist_bins - 1) << Uint32(self.shift)
                 prefix, mask, left = self.find_threshold(gRow, sPos, False, True, prefix0, mask0, start, end, n_tie,
                                                          need, sHist, sState, tidx, warp, lane)
                 self.emit_winners(gRow, sPos, False, True, prefix0, mask0, start, end, n_tie, need, prefix, mask,
                                   left, sState, tidx, warp, lane, type(self).emit_in_row, args)
         for s in cutlass.range(cutlass.min(total, k) + tidx, k, self.num_threads, unroll=1):
             mIdx[row, s] = Int32(-1)
-{% if with_scores %}
-            mScores[row, s] = -Float32.inf
-{% endif %}
+            if const_expr(mScores is not None):
+                mScores[row, s] = -Float32.inf
 
     @cute.jit
     def emit_buffered(self, slot: Int32, i: Int32, key: Uint32, args):
-        row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx{% if with_scores %}, mScores{% endif %}, sPos = args
-        write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row, n_gt + slot, sPos[i], start, physical, rows_per_req, key)
+        row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx, mScores, sPos = args
+        write_winner(mIdx, mScores, mBlockTable, row, n_gt + slot, sPos[i], start, physical, rows_per_req, key)
 
     @cute.jit
     def emit_in_row(self, slot: Int32, i: Int32, key: Uint32, args):
-        row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx{% if with_scores %}, mScores{% endif %}, sPos = args
-        write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row, n_gt + slot, i, start, physical, rows_per_req, key)
+        row, n_gt, start, physical, rows_per_req, mBlockTable, mIdx, mScores, sPos = args
+        write_winner(mIdx, mScores, mBlockTable, row, n_gt + slot, i, start, physical, rows_per_req, key)
 
 
-def make_wide_fakes():
+class WideChunkWithScores(WideChunk):
+    """WideChunk that also writes the fp32 scores of the winners."""
+
+    @cute.jit
+    def __call__(self, mLogits: cute.Tensor, mStarts: cute.Tensor, mEnds: cute.Tensor, mActiveWidth: cute.Tensor,
+                 mBlockTable: cute.Tensor, mHist: cute.Tensor, mCnt: cute.Tensor, mState: cute.Tensor,
+                 mTieKey: cute.Tensor, mTiePos: cute.Tensor, mIdx: cute.Tensor, mScores: cute.Tensor,
+                 k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32, rows_per_req: Int32,
+                 tiles_per_cta: Int32, stream):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx,
+                    mScores, k, ratio, has_starts, has_active_width, physical, rows_per_req, tiles_per_cta, stream)
+
+
+class WideTiesWithScores(WideTies):
+    """WideTies that also writes the fp32 scores (-inf in the tail)."""
+
+    @cute.jit
+    def __call__(self, mLogits: cute.Tensor, mStarts: cute.Tensor, mEnds: cute.Tensor, mActiveWidth: cute.Tensor,
+                 mBlockTable: cute.Tensor, mHist: cute.Tensor, mCnt: cute.Tensor, mState: cute.Tensor,
+                 mTieKey: cute.Tensor, mTiePos: cute.Tensor, mIdx: cute.Tensor, mScores: cute.Tensor,
+                 k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32, rows_per_req: Int32,
+                 tiles_per_cta: Int32, stream):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
+                    k, ratio, has_starts, has_active_width, physical, rows_per_req, stream)
+
+
+def make_wide_fakes(k_max: int, bits: int, tie_cap: int, with_scores: bool):
+    """Fake arguments of WideChunk / WideTies (with_scores: of the *WithScores classes) for cute.compile."""
+    hist_bins = 1 << bits
     rows = cute.sym_int32()
     kk = cute.sym_int32()
     logits = cute.runtime.make_fake_tensor(Float32, (rows, cute.sym_int32()), (cute.sym_int64(), 1), assumed_align=4)
@@ -468,15 +530,14 @@ def make_wide_fakes():
     active_width = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int32(),), assumed_align=4)
     bt = cute.runtime.make_fake_tensor(Int32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1),
                                        assumed_align=4)
-    hist = cute.runtime.make_fake_compact_tensor(Int32, (rows, WIDE_BINS + 4), stride_order=(1, 0), assumed_align=4)
+    hist = cute.runtime.make_fake_compact_tensor(Int32, (rows, hist_bins + 4), stride_order=(1, 0), assumed_align=4)
     cnt = cute.runtime.make_fake_compact_tensor(Int32, (rows, cute.sym_int32()), stride_order=(1, 0), assumed_align=4)
     state = cute.runtime.make_fake_compact_tensor(Int32, (rows, 4), stride_order=(1, 0), assumed_align=4)
-    tie_key = cute.runtime.make_fake_compact_tensor(Int32, (rows, TIE_CAP), stride_order=(1, 0), assumed_align=4)
-    tie_pos = cute.runtime.make_fake_compact_tensor(Int32, (rows, TIE_CAP), stride_order=(1, 0), assumed_align=4)
+    tie_key = cute.runtime.make_fake_compact_tensor(Int32, (rows, tie_cap), stride_order=(1, 0), assumed_align=4)
+    tie_pos = cute.runtime.make_fake_compact_tensor(Int32, (rows, tie_cap), stride_order=(1, 0), assumed_align=4)
     idx = cute.runtime.make_fake_tensor(Int32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4)
-{% if with_scores %}
-    scores = cute.runtime.make_fake_tensor(Float32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4)
-{% endif %}
+    scores = (cute.runtime.make_fake_tensor(Float32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4),) \
+        if with_scores else ()
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (logits, starts, ends, active_width, bt, hist, cnt, state, tie_key, tie_pos, idx, {% if with_scores %}scores, {% endif %}
-            Int32(K_MAX), Int32(1), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
+    return (logits, starts, ends, active_width, bt, hist, cnt, state, tie_key, tie_pos, idx, *scores,
+            Int32(k_max), Int32(1), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), stream)

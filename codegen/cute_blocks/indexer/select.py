@@ -1,4 +1,15 @@
-# ---- exact top-k by radix select in shared memory (shared by topk and the fused indexer) ----
+"""Exact top-k by radix select in shared memory: sortable u32 keys, the block-wide radix select,
+the output writes, and TopKStage (a CTA per row: first stage over logits, or merge over candidates).
+
+Written once here and imported by the generated top-k and fused-indexer modules. Scores are
+optional everywhere: a stage compiled without them takes mScores = None (no kernel argument, no
+code); TopKStageWithScores is the same kernel with mScores in its entry point's arguments."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
 # Scores become order-preserving u32 keys (flip all bits of negatives, the sign bit of the rest),
 # so "larger score" is "larger key". Three histogram passes over 11/11/10-bit digits find the
 # threshold key T and how many of the keys equal to T are still needed; one more pass writes the
@@ -6,7 +17,8 @@
 # winners are written in position order: the output is deterministic run to run, and ties at T
 # (equal scores) go to the lowest positions.
 SIGN = 0x80000000
-BINS = {{ tile.bins }}
+BINS = 2048                         # 11-bit digits (codegen.indexer_specs.topk_tiling's bins)
+PAGE_SIZE = 64                      # physical slot = block_table[page] * 64 + offset
 DIGIT_SHIFT = (21, 10, 0)
 DIGIT_MASK = (0x7FF, 0x7FF, 0x3FF)
 
@@ -46,12 +58,12 @@ def key_at(src, i, raw: cutlass.Constexpr) -> Uint32:
 
 
 @cute.jit
-def write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row: Int32, slot: Int32, pos: Int32, start: Int32,
+def write_winner(mIdx, mScores, mBlockTable, row: Int32, slot: Int32, pos: Int32, start: Int32,
                  physical: Int32, rows_per_req: Int32, key: Uint32):
     """Output slot `slot` of `row`: the row-relative position (physical = 0) or its physical slot
     through the request's block table, whose entries must lie in [0, physical), the cache's pages
     (physical <= 2^25 keeps every slot within int32): -1 for any other entry, one unsigned compare
-    that also catches the negative ones{% if with_scores %}; and the score{% endif %}."""
+    that also catches the negative ones; and the score unless mScores is None."""
     out = pos - start
     if physical != 0:
         page = pos // PAGE_SIZE
@@ -60,9 +72,8 @@ def write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row:
         if Uint32(blk) < Uint32(physical):
             out = blk * PAGE_SIZE + (pos - page * PAGE_SIZE)
     mIdx[row, slot] = out
-{% if with_scores %}
-    mScores[row, slot] = key_to_score(key)
-{% endif %}
+    if const_expr(mScores is not None):
+        mScores[row, slot] = key_to_score(key)
 
 
 @cute.jit
@@ -227,16 +238,16 @@ class RadixSelectMixin:
 class TopKStage(RadixSelectMixin):
     """One top-k stage: a CTA per (row, output group) selects from its inputs in shared memory.
 
-    source "logits":     inputs are CHUNK consecutive logits of the row (first stage);
+    source "logits":     inputs are `capacity` consecutive logits of the row (first stage);
     source "candidates": inputs are fan_in groups of earlier (key, position, count) candidates.
     final:               write indices (and scores) with a -1 / -inf tail, else the next candidates."""
 
-    def __init__(self, source: str, final: bool, num_threads: int = THREADS, capacity: int = 0):
+    def __init__(self, source: str, final: bool, num_threads: int, capacity: int):
         self.source = source
         self.final = final
         self.num_threads = num_threads
         self.num_warps = num_threads // 32
-        self.capacity = capacity or (CHUNK if source == "logits" else MERGE_CAP)
+        self.capacity = capacity
 
     @cute.jit
     def __call__(
@@ -253,9 +264,6 @@ class TopKStage(RadixSelectMixin):
         mPosOut: cute.Tensor,      # [rows, groups_out, k] i32
         mCntOut: cute.Tensor,      # [rows, groups_out] i32
         mIdx: cute.Tensor,         # [rows, k] i32
-{% if with_scores %}
-        mScores: cute.Tensor,      # [rows, k] f32
-{% endif %}
         k: Int32,
         ratio: Int32,
         has_starts: Int32,
@@ -265,6 +273,14 @@ class TopKStage(RadixSelectMixin):
         fan_in: Int32,
         stream,
     ):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mKeyIn, mPosIn, mCntIn, mKeyOut, mPosOut,
+                    mCntOut, mIdx, None, k, ratio, has_starts, has_active_width, physical, rows_per_req, fan_in, stream)
+
+    @cute.jit
+    def launch(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mKeyIn, mPosIn, mCntIn, mKeyOut, mPosOut,
+               mCntOut, mIdx, mScores, k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32,
+               physical: Int32, rows_per_req: Int32, fan_in: Int32, stream):
+        """The stage's launch; mScores is None for a stage without scores."""
         @cute.struct
         class SharedStorage:
             sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, self.capacity], 16]
@@ -277,14 +293,14 @@ class TopKStage(RadixSelectMixin):
             groups = mCntOut.shape[1]
         self.kernel(
             mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mKeyIn, mPosIn, mCntIn, mKeyOut, mPosOut, mCntOut,
-            mIdx, {% if with_scores %}mScores, {% endif %}k, ratio, has_starts, has_active_width, physical, rows_per_req,
+            mIdx, mScores, k, ratio, has_starts, has_active_width, physical, rows_per_req,
             fan_in, SharedStorage,
         ).launch(grid=(mIdx.shape[0], groups, 1), block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(
         self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mKeyIn, mPosIn, mCntIn, mKeyOut, mPosOut, mCntOut,
-        mIdx, {% if with_scores %}mScores, {% endif %}k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32,
+        mIdx, mScores, k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32,
         physical: Int32, rows_per_req: Int32, fan_in: Int32, SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -352,16 +368,15 @@ class TopKStage(RadixSelectMixin):
         has_pos = self.source != "logits"
         prefix, mask, need = self.find_threshold(sKeys, sPos, has_pos, False, Uint32(0), Uint32(0), lo, hi, n_valid,
                                                  k, sHist, sState, tidx, warp, lane)
-        emit_args = (row, grp, base_pos, start, physical, rows_per_req, mBlockTable, mKeyOut, mPosOut, mIdx{% if with_scores %}, mScores{% endif %}, sPos)
+        emit_args = (row, grp, base_pos, start, physical, rows_per_req, mBlockTable, mKeyOut, mPosOut, mIdx, mScores, sPos)
         self.emit_winners(sKeys, sPos, has_pos, False, Uint32(0), Uint32(0), lo, hi, n_valid, k, prefix, mask, need,
                           sState, tidx, warp, lane, type(self).emit_one, emit_args)
         n_sel = cutlass.min(n_valid, k)
         if const_expr(self.final):
             for s in cutlass.range(n_sel + tidx, k, self.num_threads, unroll=1):
                 mIdx[row, s] = Int32(-1)
-{% if with_scores %}
-                mScores[row, s] = -Float32.inf
-{% endif %}
+                if const_expr(mScores is not None):
+                    mScores[row, s] = -Float32.inf
         else:
             if tidx == 0:
                 mCntOut[row, grp] = n_sel
@@ -372,18 +387,52 @@ class TopKStage(RadixSelectMixin):
 
     @cute.jit
     def emit_one(self, slot: Int32, i: Int32, key: Uint32, args):
-        row, grp, base_pos, start, physical, rows_per_req, mBlockTable, mKeyOut, mPosOut, mIdx{% if with_scores %}, mScores{% endif %}, sPos = args
+        row, grp, base_pos, start, physical, rows_per_req, mBlockTable, mKeyOut, mPosOut, mIdx, mScores, sPos = args
         pos = base_pos + i
         if const_expr(self.source != "logits"):
             pos = sPos[i]
         if const_expr(self.final):
-            write_winner(mIdx, {% if with_scores %}mScores, {% endif %}mBlockTable, row, slot, pos, start, physical, rows_per_req, key)
+            write_winner(mIdx, mScores, mBlockTable, row, slot, pos, start, physical, rows_per_req, key)
         else:
             mKeyOut[row, grp, slot] = Int32(key)
             mPosOut[row, grp, slot] = pos
 
 
-def make_stage_fakes():
+class TopKStageWithScores(TopKStage):
+    """TopKStage that also writes the fp32 scores of the winners (-inf in the tail)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mLogits: cute.Tensor,
+        mStarts: cute.Tensor,
+        mEnds: cute.Tensor,
+        mActiveWidth: cute.Tensor,
+        mBlockTable: cute.Tensor,
+        mKeyIn: cute.Tensor,
+        mPosIn: cute.Tensor,
+        mCntIn: cute.Tensor,
+        mKeyOut: cute.Tensor,
+        mPosOut: cute.Tensor,
+        mCntOut: cute.Tensor,
+        mIdx: cute.Tensor,
+        mScores: cute.Tensor,      # [rows, k] f32
+        k: Int32,
+        ratio: Int32,
+        has_starts: Int32,
+        has_active_width: Int32,
+        physical: Int32,
+        rows_per_req: Int32,
+        fan_in: Int32,
+        stream,
+    ):
+        self.launch(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mKeyIn, mPosIn, mCntIn, mKeyOut, mPosOut,
+                    mCntOut, mIdx, mScores, k, ratio, has_starts, has_active_width, physical, rows_per_req, fan_in,
+                    stream)
+
+
+def make_stage_fakes(k_max: int, with_scores: bool):
+    """Fake arguments of a TopKStage (with_scores: of a TopKStageWithScores) for cute.compile."""
     rows = cute.sym_int32()
     g_in = cute.sym_int32()
     g_out = cute.sym_int32()
@@ -401,9 +450,8 @@ def make_stage_fakes():
     pos_out = cute.runtime.make_fake_compact_tensor(Int32, (rows, g_out, kk), stride_order=(2, 1, 0), assumed_align=4)
     cnt_out = cute.runtime.make_fake_compact_tensor(Int32, (rows, g_out), stride_order=(1, 0), assumed_align=4)
     idx = cute.runtime.make_fake_tensor(Int32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4)
-{% if with_scores %}
-    scores = cute.runtime.make_fake_tensor(Float32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4)
-{% endif %}
+    scores = (cute.runtime.make_fake_tensor(Float32, (rows, kk), (cute.sym_int64(), 1), assumed_align=4),) \
+        if with_scores else ()
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (logits, starts, ends, active_width, bt, key_in, pos_in, cnt_in, key_out, pos_out, cnt_out, idx,
-            {% if with_scores %}scores, {% endif %}Int32(K_MAX), Int32(1), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
+            *scores, Int32(k_max), Int32(1), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), stream)
