@@ -1,11 +1,8 @@
 """The shape DESIGN.md "How the kernel code is organised" asks of the sparse MLA kernel code:
 jinja substitutes constants and chooses blocks, so no `{% if %}` / `{% elif %}` / `{% for %}`
-sits inside a function body (signature included); and the generated modules import the
-building blocks of codegen/cute_blocks/sparse_mla rather than carrying a pasted copy.
-
-The restructure is under way: IN_BODY_CEILING records how many in-body control statements
-each sparse MLA template still holds. The count may only fall (lower the ceiling with it);
-a template not listed must hold none."""
+sits inside a function body (signature included); and a generated module is thin: it imports
+the building blocks of codegen/cute_blocks/sparse_mla (kernel base, gather, MMA form,
+epilogue, combine, fakes) and holds only the spec, the tiling and a small config class."""
 import ast
 import re
 from pathlib import Path
@@ -16,12 +13,8 @@ from codegen.render import render
 from codegen.specs import SparseMLASpec
 
 BLOCKS_DIR = Path(__file__).resolve().parent.parent / "codegen" / "cute_blocks" / "sparse_mla"
-SPARSE_MLA_TEMPLATES = ["sparse_mla_decode.py.j2", *sorted(
-    p.relative_to(TEMPLATES_DIR).as_posix() for p in (TEMPLATES_DIR / "sparse_mla").glob("*.j2"))]
-IN_BODY_CEILING = {
-    "sparse_mla_decode.py.j2": 35,       # 38 before the combine, helpers and fakes became blocks
-}
-
+SPARSE_MLA_TEMPLATES = sorted({SparseMLASpec.template, *(
+    p.relative_to(TEMPLATES_DIR).as_posix() for p in TEMPLATES_DIR.glob("sparse_mla*/**/*.j2"))})
 _TAG = re.compile(r"\{%-?\s*(if|elif|for)\b")
 _DEF = re.compile(r"^(\s*)(?:async\s+)?def\s")
 
@@ -79,11 +72,10 @@ def test_checker_finds_tags_in_bodies_and_signatures_only():
     assert in_body_control(src) == [4, 9]
 
 
-def test_no_new_jinja_control_in_function_bodies():
+def test_no_jinja_control_in_function_bodies():
     for name in SPARSE_MLA_TEMPLATES:
         hits = in_body_control((TEMPLATES_DIR / name).read_text())
-        ceiling = IN_BODY_CEILING.get(name, 0)
-        assert len(hits) <= ceiling, f"{name}: jinja control inside function bodies at lines {hits}"
+        assert not hits, f"{name}: jinja control inside function bodies at lines {hits}"
 
 
 def test_blocks_are_plain_python():
@@ -111,12 +103,21 @@ def test_generated_sparse_mla_modules_import_their_blocks():
     blocks = _block_names()
     for spec in specs:
         tree = ast.parse(render(spec))
-        imported = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
                     and (node.module or "").startswith("codegen.cute_blocks.sparse_mla") for a in node.names}
-        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        assert {"split_fakes", "AttentionKernel"} <= imported, spec.name
+        assert imported & {"SplitKernel", "ExtendKernel"}, spec.name
         assert imported & {"Bf16Gather", "Fp8RawGather", "Fp8RegsGather", "Fp8Producer"}, spec.name
         assert imported & {"WarpMma", "Wgmma64Heads", "WgmmaHeadsAsN"}, spec.name
+        assert "split_fakes" in imported, spec.name
         if spec.mode == "decode":
-            assert "SparseMlaCombine" in imported, spec.name
+            assert {"SparseMlaCombine", "combine_fakes"} <= imported, spec.name
+        # thin: the kernel class holds only its config (__init__), the functions only build fakes
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+        assert len(classes) == 1, spec.name
+        cls = classes[0]
+        assert cls.name == ("SparseMlaExtend" if spec.mode == "extend" else "SparseMlaSplit"), spec.name
+        assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == ["__init__"], spec.name
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert functions <= {"make_split_fakes", "make_combine_fakes"}, spec.name
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert not defined & blocks, f"{spec.name} pastes blocks: {sorted(defined & blocks)}"

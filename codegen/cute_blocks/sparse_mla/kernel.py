@@ -1,14 +1,19 @@
-"""What every form of the sparse MLA attention kernel shares: the split of the CTA into roles
-(s_one_warpgroup, with or without a producer warpgroup), the MMA-warp barrier, the Q load
-(and its fp16 conversion for fp8 records in registers), the token range of a CTA and the
-gather threads' copies."""
+"""The sparse MLA attention kernel, split (decode: one CTA per row, split and head block, writing a
+normalised partial o and its base-2 lse) or extend (one CTA per row and head block over the
+whole row, writing out and lse). What every form shares lives in AttentionKernel: the host
+setup (shared-memory layouts, tiled MMAs), the split of the CTA into roles, the Q load, the token
+range and the tile loop of each pipeline. A kernel class composes it with a gather block
+(gather.py), an MMA form (mma_warp.py, mma_wgmma.py, mma_wgmma_heads_n.py) and an epilogue
+(epilogue.py); the generated module sets the config in __init__, and const_expr on it picks
+the code at trace time."""
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, const_expr
-from cutlass.cute.nvgpu import cpasync
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8, const_expr
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .barriers import BAR_MMA
-from .kv_format import D_QK
+from .barriers import BAR_EMPTY, BAR_FULL, BAR_MMA
+from .fragments import swizzled_atom
+from .kv_format import D_QK, D_V, FP8_RECORD
 
 # setmaxnreg split of the CTA's registers in the producer form: the producer holds a tile of
 # records (~104) and sets the pace at large batches, so it must not spill (at 120 it does). The
@@ -23,8 +28,333 @@ V_WG_REGS = 160
 
 
 class AttentionKernel:
-    """The shared part of the split (decode) and extend kernel classes. Config: producer,
-    head_block, q_rows, q_threads, mma_threads, tile_tokens, gather_threads, fp8."""
+    """The shared part of the split (decode) and extend kernel classes. Config (set by the
+    generated module): the spec (num_heads, fp8, extend), the tiling (head_block, tile_tokens,
+    warps_m, warps_n, stages, raw_stages), the form (wgmma, heads_as_n, producer, fp8_regs,
+    p_in_rope, s_one_warpgroup, s_before_gather) and what follows from them."""
+
+    def smem_and_mmas(self):
+        """Host side of every form: the shared-memory layouts of Q, the K stages and P, the
+        SharedStorage struct, and the tiled MMAs (S, O)."""
+        # Shared memory: Q for the head block, STAGES gathered K tiles, P, and small arrays.
+        if const_expr(self.wgmma):
+            # wgmma: 128-byte-swizzled K-major atoms (8 rows x 64 bf16). The same K tile is the
+            # K-major B operand of S = Q K^T and, viewed transposed, the MN-major B operand V of O.
+            atom_k = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+            sQ_layout = cute.tile_to_shape(atom_k, (self.head_block, D_QK), (0, 1))
+            sK_layout = cute.tile_to_shape(atom_k, (self.tile_tokens, D_QK, self.stages), (0, 1, 2))
+            sP_layout = cute.tile_to_shape(atom_k, (self.head_block, self.tile_tokens), (0, 1))
+        else:
+            sQ_layout = cute.tile_to_shape(swizzled_atom(64), (self.head_block, D_QK), (0, 1))
+            sK_layout = cute.tile_to_shape(
+                swizzled_atom(64), (self.tile_tokens, D_QK, self.stages), (0, 1, 2)
+            )
+            sP_layout = cute.tile_to_shape(
+                swizzled_atom(min(self.tile_tokens, 64)), (self.head_block, self.tile_tokens), (0, 1)
+            )
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sK_layout)], 1024]
+            if const_expr(not self.p_in_rope):
+                sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout)], 1024]
+            if const_expr(self.raw_stages > 0):
+                # raw fp8_ds_mla records of RAW_STAGES tiles, landed by cp.async, dequantised to sK
+                sRaw: cute.struct.Align[cute.struct.MemRange[Uint8, self.raw_stages * self.tile_tokens * FP8_RECORD], 1024]
+            # 0 for a valid gathered token, -inf for a masked one (per stage)
+            sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.bias_slots * self.tile_tokens], 16]
+            # cross-warp row max / row sum exchange
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, self.red_slots], 16]
+            if const_expr(self.s_one_warpgroup):
+                # each stage's running row max after its tile, from warpgroup 0 to warpgroup 1
+                sMax: cute.struct.Align[cute.struct.MemRange[Float32, self.stages * self.head_block], 16]
+
+        if const_expr(self.wgmma):
+            # One warpgroup per (64 heads) x (its token half for S | its value-column half for O).
+            tiled_mma_s, tiled_mma = self.make_wg_mmas()
+        else:
+            # Warp MMA over WARPS_M warps along heads; warps along N pick their own slice of smem.
+            tiled_mma = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
+                (self.warps_m, 1, 1),
+                permutation_mnk=(self.warps_m * 16, 16, 16),
+            )
+            # S = Q K^T: same warps; N tile of 8 when a warp owns only 8 tokens
+            tiled_mma_s = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
+                (self.warps_m, 1, 1),
+                permutation_mnk=(self.warps_m * 16, 16 if self.tokens_per_warp % 16 == 0 else 8, 16),
+            )
+        return sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma
+
+    @cute.jit
+    def attend(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        outs,                     # extend: (mO, mLse, mSink, has_sink, lse_natural); split: (mPartO, mPartLse, tokens_per_split)
+        sm_scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+        storage=None,             # the kernel's allocation when a producer warpgroup shares it
+        role: cutlass.Constexpr = None,   # S_ONE_WARPGROUP: this MMA warpgroup (0: S, softmax, P V; 1: P V)
+    ):
+        if const_expr(self.extend):
+            mO, mLse, mSink, has_sink, lse_natural = outs
+        else:
+            mPartO, mPartLse, tokens_per_split = outs
+        tidx, _, _ = cute.arch.thread_idx()
+        split, head_blk, row = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        wn = 0                                    # warp position along tokens / value dims
+        if const_expr(role is not None):
+            wn = role
+        elif const_expr(self.warps_n > 1):             # (a constant 0 keeps its branches static)
+            wn = warp_idx // self.warps_m
+        mma_tidx = tidx % (self.warps_m * 32)          # thread index inside the WARPS_M-warp MMA
+
+        if const_expr(storage is None):
+            storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        if const_expr(self.wgmma):
+            # wgmma descriptors want the swizzle on the pointer and an affine layout
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            if const_expr(self.p_in_rope):
+                # P of each K stage in that stage's RoPE block (the last 64 columns, dead once S is
+                # done): 1 KB swizzle atoms, tokens first; the last mode picks the stage
+                p_base = storage.sK.data_ptr() + (D_V // 64) * self.tile_tokens * 64
+                sP = cute.make_tensor(
+                    cute.recast_ptr(p_base, sP_layout.inner, dtype=self.mma_dtype),
+                    cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=self.tile_tokens * D_QK)),
+                )
+            else:
+                sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+        else:
+            sQ = storage.sQ.get_tensor(sQ_layout)
+            sK = storage.sK.get_tensor(sK_layout)
+            sP = storage.sP.get_tensor(sP_layout)
+        sBias = storage.sBias.get_tensor(cute.make_layout(self.bias_slots * self.tile_tokens))
+        if const_expr(self.raw_stages > 0):
+            raw_base = storage.sRaw.data_ptr()
+        sRed = storage.sRed.get_tensor(cute.make_layout(self.red_slots))
+        if const_expr(self.s_one_warpgroup):
+            sMax = storage.sMax.get_tensor(cute.make_layout(self.stages * self.head_block))
+
+        # ---- token range of this split ----------------------------------------------------
+        if const_expr(self.extend):
+            tokens_per_split = mIdx.shape[1]    # extend: one CTA covers the whole row
+        tok_begin, tok_end, n_tiles = self.token_range(mIdx, mLen, row, split, tokens_per_split)
+
+        if const_expr(not self.producer):
+            gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK = self.gather_copies(tidx)
+
+        # Q of this (row, head block): once, asynchronously, 8 threads per head row.
+        gQ = self.head_rows(mQ[row, None, None], head_blk, D_QK)
+        q_tiled_copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
+                                num_bits_per_copy=128),
+            cute.make_ordered_layout((self.q_threads // 8, 8), order=(1, 0)), cute.make_layout((1, 8)),
+        )
+        q_thr_copy = q_tiled_copy.get_slice(tidx % self.q_threads)
+        if const_expr(self.q_threads == self.num_threads):
+            self.load_q(q_tiled_copy, q_thr_copy, gQ, sQ)
+        else:
+            if tidx < self.q_threads:
+                self.load_q(q_tiled_copy, q_thr_copy, gQ, sQ)
+        cute.arch.cp_async_commit_group()
+
+        if const_expr(not self.producer):
+            # slots of the next tile this thread gathers (one token row per pass)
+            rIdx = cute.make_rmem_tensor((self.tile_tokens // self.rows_per_pass,), Int32)
+            self.load_indices(mIdx, row, tok_begin, 0, tok_end, tKcK, rIdx)
+            n_slots = self.cache_slots(mKV)     # the cache bound, once per CTA (gathers test it per row)
+
+        # ---- per-thread MMA state -----------------------------------------------------------
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        if const_expr(self.wgmma):
+            # wgmma: one 64 x (D_V / WARPS_N) accumulator per warpgroup (128 f32 per thread).
+            acc_O = [cute.make_rmem_tensor(self.o_acc_shape(thr_mma), Float32)]
+            acc_O[0].fill(0.0)
+        else:
+            # O accumulators as one fragment per 16 value columns: the B operand of each chunk is
+            # loaded right before its MMAs, so B never competes with O for registers.
+            acc_O = []
+            for _ in cutlass.range_constexpr(self.dims_per_warp // 16):
+                acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.head_block, 16)), Float32)
+                acc.fill(0.0)
+                acc_O.append(acc)
+        row_max = cute.make_rmem_tensor((self.row_vals,), Float32)   # raw q.k max of this thread's rows (heads)
+        row_sum = cute.make_rmem_tensor((self.row_vals,), Float32)   # this thread's partial sums of 2^(s - max)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        if const_expr(self.producer):
+            # ---- MMA warps: Q -> fp16 once, then each tile as the producer fills its stage -----
+            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
+            cute.arch.fence_view_async_shared()     # fp16 Q (st.shared) is read by wgmma
+            self.mma_sync()
+            # (Tile t + 1's S is not issued before tile t's softmax, the warpgroups do not alternate
+            # tiles, and warpgroup 1 dequantises nothing: each makes the producer and the MMA warps wait
+            # for each other or costs registers that serialise the wgmmas; docs/notes/mma-forms.md,
+            # docs/notes/decode-pipeline.md.)
+            for t in cutlass.range(n_tiles, unroll=1):
+                stage = t % self.stages
+                cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
+                acc_S = None
+                if const_expr(role == 0):
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
+                self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
+                                  stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
+                if t + self.stages < n_tiles:            # the producer fills tile t + STAGES there
+                    cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
+        elif const_expr(self.fp8_regs):
+            # ---- prologue: tile 0's records in registers; Q -> fp16 ----------------------------
+            regs = self.make_fp8_regs()
+            if n_tiles > 0:
+                self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
+            self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
+            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
+
+            # one K stage (two CTAs per SM): dequantise tile t, each row's registers reloaded with
+            # t+1's record as soon as the row is stored, so they travel while tile t is multiplied
+            for t in cutlass.range(n_tiles, unroll=1):
+                cute.arch.sync_threads()            # everyone's PV of tile t-1 has read the stage
+                self.dequant_fp8_regs(sK[None, None, 0], sBias, 0, (tKcK, nope_thr_copy, gmem_thr_copy), regs,
+                                      (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots), t + 1 < n_tiles, t + 2)
+                cute.arch.fence_view_async_shared()
+                cute.arch.sync_threads()
+                acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                self.compute_tile_wg(
+                    thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
+                    wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                    sm_scale_log2=sm_scale_log2,
+                )
+        elif const_expr(self.fp8):
+            # ---- prologue: RAW_STAGES tiles of raw records in flight ---------------------------
+            # One commit group per tile, empty past the last tile, so wait_group counts stay fixed.
+            for s in cutlass.range_constexpr(self.raw_stages):
+                if s < n_tiles:
+                    self.issue_fp8_raw(mKV, raw_base, sBias, s, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, s + 1, tok_end, tKcK, rIdx)
+
+            for t in cutlass.range(n_tiles, unroll=1):
+                slot = t % self.raw_stages
+                # raw tile t (and Q) landed for this thread; the barrier publishes every thread's
+                # part and guarantees everyone finished tile t-1's MMAs, which read sK.
+                cute.arch.cp_async_wait_group(self.raw_stages - 1)
+                if const_expr(self.wgmma):
+                    cute.arch.fence_view_async_shared()     # Q (cp.async) is read by wgmma
+                cute.arch.sync_threads()
+                self.dequant_fp8_tile(raw_base, sK[None, None, 0], sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy)
+                if const_expr(self.wgmma):
+                    cute.arch.fence_view_async_shared()     # dequantised K (st.shared) is read by wgmma
+                cute.arch.sync_threads()
+                if const_expr(self.wgmma):
+                    # S = Q K^T runs on the tensor cores while this thread issues the next raw tile
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                # raw slot `slot` is free again: start tile t + RAW_STAGES there
+                if t + self.raw_stages < n_tiles:
+                    self.issue_fp8_raw(mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, t + self.raw_stages + 1, tok_end, tKcK, rIdx)
+                if const_expr(self.wgmma):
+                    self.compute_tile_wg(
+                        thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=self.raw_stages,
+                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                        sm_scale_log2=sm_scale_log2,
+                    )
+                else:
+                    self.compute_tile(
+                        tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, 0], sP, sBias, sRed, self.raw_stages, wn, lane,
+                        acc_O, row_max, row_sum, sm_scale_log2,
+                    )
+        else:
+            # ---- prologue: gather tile 0 into stage 0 -----------------------------------------
+            if n_tiles > 0:
+                self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
+
+            if const_expr(self.p_in_rope):
+                for t in cutlass.range(n_tiles, unroll=1):
+                    # tile t (and Q) landed: publish every thread's part to wgmma
+                    cute.arch.cp_async_wait_group(0)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.sync_threads()
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                    self.compute_tile_wg(
+                        thr_mma, sKs=sK[None, None, 0], sP=sP[None, None, 0], sBias=sBias, sRed=sRed, stage=0,
+                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                        sm_scale_log2=sm_scale_log2,
+                    )
+                    if t + 1 < n_tiles:
+                        cute.arch.sync_threads()    # every PV of tile t is done reading the stage
+                        self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                        cute.arch.cp_async_commit_group()
+                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
+            else:
+                for t in cutlass.range(n_tiles, unroll=1):
+                    stage = t % 2
+                    # Tile t (and Q) landed for this thread; the barrier publishes every thread's part,
+                    # and guarantees everyone finished tile t-1, whose stage we now overwrite.
+                    cute.arch.cp_async_wait_group(0)
+                    if const_expr(self.wgmma):
+                        cute.arch.fence_view_async_shared()     # Q and K (cp.async) are read by wgmma
+                    cute.arch.sync_threads()
+                    if const_expr(self.s_one_warpgroup):
+                        # warpgroup 0's S of tile t runs on the tensor cores while every thread issues the
+                        # gather of t + 1
+                        acc_S = None
+                        if const_expr(role == 0):
+                            acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
+                    elif const_expr(self.wgmma and self.s_before_gather):
+                        # S of tile t runs on the tensor cores while this thread issues the gather of t + 1
+                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
+                    if t + 1 < n_tiles:
+                        self.gather_bf16(mKV, sK[None, None, 1 - stage], sBias, 1 - stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                        cute.arch.cp_async_commit_group()
+                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
+                    if const_expr(self.wgmma and not self.s_before_gather):
+                        # the gather bounds this tile: its loads go out before the S wgmmas are issued
+                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
+
+                    if const_expr(self.s_one_warpgroup):
+                        self.tile_by_role(role, thr_mma, sK[None, None, stage], sP, sBias, sRed, sMax, stage, lane, acc_S,
+                                          acc_O, row_max, row_sum, sm_scale_log2)
+                    elif const_expr(self.wgmma):
+                        self.compute_tile_wg(
+                            thr_mma, sKs=sK[None, None, stage], sP=sP, sBias=sBias, sRed=sRed, stage=stage,
+                            wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                            sm_scale_log2=sm_scale_log2,
+                        )
+                    else:
+                        self.compute_tile(
+                            tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, stage], sP, sBias, sRed, stage, wn, lane,
+                            acc_O, row_max, row_sum, sm_scale_log2,
+                        )
+
+        cute.arch.cp_async_wait_group(0)
+        if const_expr(self.extend):
+            self.epilogue(
+                thr_mma, self.head_rows(mO[row, None, None], head_blk, D_V), mLse[row, None],
+                sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max, row_sum, sm_scale_log2,
+                sink=(has_sink, mSink, lse_natural),
+            )
+        else:
+            self.epilogue(
+                thr_mma, self.head_rows(mPartO[row, split, None, None], head_blk, D_V),
+                mPartLse[row, split, None], sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max,
+                row_sum, sm_scale_log2,
+            )
 
     @cute.jit
     def split_roles(self, mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, attend_args):
@@ -129,3 +459,138 @@ class AttentionKernel:
             store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
             nope_thr_copy = cute.make_tiled_copy_tv(store_atom, thr_layout, cute.make_layout((1, 16))).get_slice(gtid)
         return gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK
+
+
+class SplitKernel(AttentionKernel):
+    """Decode: per-split partial attention; the combine (combine.py) merges the splits."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, 576] bf16
+        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16
+        mPartLse: cute.Tensor,    # [rows, splits, H] f32
+        sm_scale_log2: Float32,
+        tokens_per_split: Int32,
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        grid = (
+            cute.size(mPartO.shape[1]),                 # splits
+            self.head_blocks,                                # head blocks
+            cute.size(mQ.shape[0]),                     # rows
+        )
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mPartO, mPartLse, sm_scale_log2, tokens_per_split,
+            sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        mPartO: cute.Tensor,
+        mPartLse: cute.Tensor,
+        sm_scale_log2: Float32,
+        tokens_per_split: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        # Launched as a programmatic dependent of whatever ran before on the stream, so this
+        # grid's launch overlaps that kernel's tail; every input (q, indices, lengths, the cache,
+        # the row count) and the outputs are touched only after the wait.
+        cute.arch.griddepcontrol_wait()
+        # let the combine grid (a programmatic dependent) be scheduled as soon as every split CTA
+        # has started; it waits for this grid's end before reading the partials
+        cute.arch.griddepcontrol_launch_dependents()
+        if const_expr(self.s_one_warpgroup):
+            self.split_roles(mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, (
+                mQ, mKV, mIdx, mLen, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+            ))
+        else:
+            self.attend(
+                mQ, mKV, mIdx, mLen, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+            )
+
+
+class ExtendKernel(AttentionKernel):
+    """Extend: attention over whole rows, out and lse written directly (sink folded in)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, 576] bf16
+        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mO: cute.Tensor,          # [rows, H, 512] bf16
+        mLse: cute.Tensor,        # [rows, H] f32
+        mSink: cute.Tensor,       # [H] f32, read only when has_sink != 0
+        mNumRows: cute.Tensor,    # [1] i32: rows in use; the rest of the capacity grid exits
+        sm_scale_log2: Float32,
+        has_sink: Int32,
+        lse_natural: Int32,
+        has_num_rows: Int32,      # 0: every grid row is live and mNumRows is not read
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        # Extend: one CTA per (head block, row) over the whole row; the grid is the capacity.
+        grid = (1, self.head_blocks, cute.size(mQ.shape[0]))
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mO, mLse, mSink, mNumRows, sm_scale_log2, has_sink, lse_natural,
+            has_num_rows, sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        mSink: cute.Tensor,
+        mNumRows: cute.Tensor,
+        sm_scale_log2: Float32,
+        has_sink: Int32,
+        lse_natural: Int32,
+        has_num_rows: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        # Launched as a programmatic dependent of whatever ran before on the stream, so this
+        # grid's launch overlaps that kernel's tail; every input (q, indices, lengths, the cache,
+        # the row count) and the outputs are touched only after the wait.
+        cute.arch.griddepcontrol_wait()
+        _, _, row = cute.arch.block_idx()
+        live_rows = cute.size(mQ.shape[0])
+        if has_num_rows != 0:
+            live_rows = mNumRows[0]
+        if row < live_rows:        # capacity grid: rows past the live count exit at once
+            if const_expr(self.s_one_warpgroup):
+                self.split_roles(mKV, mIdx, mLen, mIdx.shape[1], sK_layout, SharedStorage, (
+                    mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+                ))
+            else:
+                self.attend(
+                    mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+                )
