@@ -5,6 +5,7 @@ the DCP filter drops an owned id past its block table: both rest on the index be
 place, behind one unsigned compare. These checks keep a new gather path from reading `indices`
 (or the block table) somewhere else."""
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,30 @@ from codegen.render import render
 from codegen.specs import DcpSpec, SparseMLASpec
 
 SPARSE = [s for s in all_catalog_specs() if isinstance(s, SparseMLASpec)]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _with_blocks(source: str) -> str:
+    """The rendered module followed by every codegen/cute_blocks module it imports, transitively
+    (the kernel code lives there): the checks below read the code the kernel is built from."""
+    texts, todo, seen = [source], [(source, None)], set()
+    while todo:
+        text, package = todo.pop()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level and package:
+                mod = ".".join(package.split(".")[: -node.level] + [node.module or ""])
+            else:
+                mod = node.module or ""
+            if not mod.startswith("codegen.cute_blocks") or mod in seen:
+                continue
+            seen.add(mod)
+            path = ROOT.joinpath(*mod.split(".")).with_suffix(".py")
+            block = path.read_text()
+            texts.append(block)
+            todo.append((block, mod))
+    return "\n".join(texts)
 
 
 def _functions_reading(source: str, name: str) -> set[str]:
@@ -43,7 +68,7 @@ def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
     """Indices are read in index_at only, and a slot becomes an address (row_address) or a bias
     (write_bias, or rSlot of the register path) only in a function that tests it with live_slot,
     the unsigned compare against the cache tensor's own slots; no consumer tests `>= 0` alone."""
-    src = render(spec)
+    src = _with_blocks(render(spec))
     assert _functions_reading(src, "mIdx") == {"index_at"}
     assert "return Uint32(slot) < n_slots" in src
     assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(PAGE_SIZE)" in src   # the bound is the cache tensor's own blocks
@@ -71,7 +96,7 @@ def test_no_bound_compares_against_a_raw_shape_scalar():
     from codegen import TEMPLATES_DIR
 
     bad = []
-    for path in sorted(TEMPLATES_DIR.rglob("*.j2")):
+    for path in sorted(TEMPLATES_DIR.rglob("*.j2")) + sorted((ROOT / "codegen" / "cute_blocks").rglob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"Uint32\(\s*[\w.]+\.shape\[", line):
                 bad.append(f"{path.name}:{n}: {line.strip()}")

@@ -1,5 +1,6 @@
 """The decode partials of 64-head wgmma blocks are stored in O-fragment order (PART_PERMUTED):
-the combine's _part_col must invert the split epilogue's store_fragments placement exactly."""
+the combine's part_col (codegen.cute_blocks.sparse_mla.fragments) must invert the split
+epilogue's store_fragments placement exactly."""
 
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from codegen.render import render
 from codegen.specs import SparseMLASpec
 
 pytest.importorskip("cutlass")
+
+from codegen.cute_blocks.sparse_mla.fragments import part_col  # noqa: E402 (needs cutlass)
 
 
 def _module(tmp_path: Path, **kw):
@@ -32,11 +35,11 @@ def test_part_col_inverts_fragment_stores(tmp_path):
                     pos = wn * 256 + 32 * (j // 4) + 8 * q + 2 * (j % 4) + e
                     placed[pos] = wn * 256 + 8 * j + 2 * q + e
     assert sorted(placed) == list(range(512)) and sorted(placed.values()) == list(range(512))
-    assert all(m._part_col(p) == col for p, col in placed.items())
+    assert all(part_col(p, m.PART_BLOCK) == col for p, col in placed.items())
     # the combine stores positions 4 d .. 4 d + 3 as dims c, c + 1, c + 8, c + 9
     for d in range(128):
-        c = m._part_col(4 * d)
-        assert [m._part_col(4 * d + i) for i in range(4)] == [c, c + 1, c + 8, c + 9]
+        c = part_col(4 * d, m.PART_BLOCK)
+        assert [part_col(4 * d + i, m.PART_BLOCK) for i in range(4)] == [c, c + 1, c + 8, c + 9]
 
 
 def test_other_forms_keep_dims_in_order(tmp_path):

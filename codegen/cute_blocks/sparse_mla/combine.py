@@ -1,22 +1,23 @@
-{# Sparse MLA decode: the combine kernel that merges the per-split partials. #}
-# Splits per row never exceed the top-k tiles (the planner's bound), so one lane per split
-# holds every split's lse in a single warp-wide load.
-MAX_SPLITS = TOPK // 64
-assert MAX_SPLITS <= 32
+"""Sparse MLA decode, second kernel: merge the per-split partials (fp16 o, base-2 lse) of each
+(row, head) into bf16 out and its lse, with the optional attention sink."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float16, Float32, Int32, const_expr
+
+from .fragments import part_col
+from .softmax import LN_2, sink_scale, xor_allreduce
+
+D_V = 512
 # Splits one thread streams at most: more splits add 128-thread groups to the CTA (each with
 # its own loads in flight), whose sums meet in shared memory. The partials sit in L2, so load
 # latency, not bandwidth, bounds this kernel.
-COMBINE_SPLITS_PER_GROUP = 8
-COMBINE_MAX_GROUPS = (MAX_SPLITS + COMBINE_SPLITS_PER_GROUP - 1) // COMBINE_SPLITS_PER_GROUP
-# Up to this many splits "combine" runs, above it "combine_many_splits", which loads every split
-# of a thread before the weights (codegen.tiling.COMBINE_FEW_SPLITS says why).
-COMBINE_FEW_SPLITS = {{ combine_few_splits }}
+SPLITS_PER_GROUP = 8
 
 
-class SparseMlaDecodeCombine:
+class SparseMlaCombine:
     """Merge the per-split partials: one CTA per (row, head) of 128 threads per group of up to
-    COMBINE_SPLITS_PER_GROUP splits, 4 value dims per thread. Lane s of every warp loads split
-    s's lse, so the max, the sum and each split's weight come from warp shuffles after one load.
+    SPLITS_PER_GROUP splits, 4 value dims per thread. Lane s of every warp loads split s's lse,
+    so the max, the sum and each split's weight come from warp shuffles after one load.
     Thread (group g, dims 4d..4d+3) then streams splits g, g + G, ... of its dims, unrolled so
     several 16-byte loads are in flight, and group 0 adds the other groups' sums from smem.
     (One lse load per lane puts every split's weight a few shuffles away; walking the splits
@@ -25,11 +26,22 @@ class SparseMlaDecodeCombine:
 
     Launched as a programmatic dependent of the split kernel: its CTAs are scheduled while the
     split's last wave still runs and wait (griddepcontrol.wait) for the split grid to finish and
-    flush, so the launch gap between the two kernels is hidden."""
+    flush, so the launch gap between the two kernels is hidden.
 
-    def __init__(self, many_splits: bool):
+    Config: num_heads; topk (splits per row never exceed its 64-token tiles, the planner's
+    bound, so one lane per split holds every split's lse in a single warp-wide load);
+    few_splits (up to this many splits the early loads are clamped, codegen.tiling.
+    COMBINE_FEW_SPLITS); many_splits (this entry point loads every split of a thread before the
+    weights); part_block, when the partials are in wgmma O-fragment order (part_col), else None."""
+
+    def __init__(self, num_heads: int, topk: int, few_splits: int, many_splits: bool, part_block=None):
+        max_splits = topk // 64
+        assert max_splits <= 32
+        self.num_heads = num_heads
+        self.max_groups = (max_splits + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
+        self.part_block = part_block
         # splits per thread whose partial o is loaded before the weights are known
-        self.early = COMBINE_SPLITS_PER_GROUP if many_splits else COMBINE_FEW_SPLITS
+        self.early = SPLITS_PER_GROUP if many_splits else few_splits
 
     def part_dims(self, mPartO, row, split, head, dslot):
         """This thread's 4 value dims (slot dslot) of one split's partial o of (row, head)."""
@@ -38,7 +50,7 @@ class SparseMlaDecodeCombine:
     @cute.jit
     def __call__(
         self,
-        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16, splits <= MAX_SPLITS
+        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16, splits <= topk // 64
         mPartLse: cute.Tensor,    # [rows, splits, H] f32
         mO: cute.Tensor,          # [rows, H, 512] bf16
         mLse: cute.Tensor,        # [rows, H] f32
@@ -47,11 +59,11 @@ class SparseMlaDecodeCombine:
         lse_natural: Int32,
         stream,
     ):
-        groups = (mPartLse.shape[1] + COMBINE_SPLITS_PER_GROUP - 1) // COMBINE_SPLITS_PER_GROUP
-        grid = (NUM_HEADS, cute.size(mO.shape[0]), 1)
+        groups = (mPartLse.shape[1] + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
+        grid = (self.num_heads, cute.size(mO.shape[0]), 1)
         self.kernel(mPartO, mPartLse, mO, mLse, mSink, has_sink, lse_natural).launch(
             grid=grid, block=[(D_V // 4) * groups, 1, 1], stream=stream, use_pdl=True,
-            max_number_threads=[(D_V // 4) * COMBINE_MAX_GROUPS, 1, 1],
+            max_number_threads=[(D_V // 4) * self.max_groups, 1, 1],
         )
 
     @cute.kernel
@@ -69,18 +81,18 @@ class SparseMlaDecodeCombine:
         head, row, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         n_splits = mPartLse.shape[1]
-        n_groups = (n_splits + COMBINE_SPLITS_PER_GROUP - 1) // COMBINE_SPLITS_PER_GROUP
+        n_groups = (n_splits + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
         dslot = tidx % (D_V // 4)                # this thread's 4 value dims
         group = tidx // (D_V // 4)
         smem = cutlass.utils.SmemAllocator()
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((D_V, COMBINE_MAX_GROUPS)), byte_alignment=16)
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((D_V, self.max_groups)), byte_alignment=16)
         cute.arch.griddepcontrol_wait()          # the split grid's partials are complete and visible
         # The partial o loads do not depend on the weights: this thread's first self.early
         # splits are loaded before the lse reduction, so the two L2 round trips overlap. (ptxas
         # sinks clamped loads below the reduction; guarded ones it mostly keeps ahead of it.)
         early = [cute.make_rmem_tensor((4,), Float16) for _ in range(self.early)]
         for k in cutlass.range_constexpr(self.early):
-            if const_expr(self.early == COMBINE_SPLITS_PER_GROUP):
+            if const_expr(self.early == SPLITS_PER_GROUP):
                 j = group + k * n_groups
                 if j < n_splits:
                     cute.autovec_copy(self.part_dims(mPartO, row, j, head, dslot), early[k])
@@ -92,10 +104,10 @@ class SparseMlaDecodeCombine:
         lse_s = -Float32.inf
         if lane < n_splits:
             lse_s = mPartLse[row, lane, head]
-        mx = _xor_allreduce(lse_s, True, 0, 5)
+        mx = xor_allreduce(lse_s, True, 0, 5)
         mx_use = mx if mx != -Float32.inf else Float32(0.0)
         e = cute.math.exp2(lse_s - mx_use, fastmath=True)
-        tot = _xor_allreduce(e, False, 0, 5)
+        tot = xor_allreduce(e, False, 0, 5)
         lse2 = -Float32.inf
         w = Float32(0.0)                         # this lane's split weight 2^(lse_s - L)
         if tot > 0.0:
@@ -125,12 +137,12 @@ class SparseMlaDecodeCombine:
 
         if group == 0:
             # acc is already normalised (the weights sum to 1): only the sink scales it
-            scale = _sink_scale(Float32(1.0) if tot > 0.0 else Float32(0.0), lse2, has_sink, mSink, head)
+            scale = sink_scale(Float32(1.0) if tot > 0.0 else Float32(0.0), lse2, has_sink, mSink, head)
             rb = cute.make_rmem_tensor((4,), BFloat16)
             rb.store((acc.load() * scale).to(BFloat16))
-            if const_expr(PART_PERMUTED):
-                # positions 4 dslot .. + 3 hold dims c, c + 1, c + 8, c + 9 (_part_col)
-                c = _part_col(dslot * 4)
+            if const_expr(self.part_block is not None):
+                # positions 4 dslot .. + 3 hold dims c, c + 1, c + 8, c + 9 (part_col)
+                c = part_col(dslot * 4, self.part_block)
                 for h in cutlass.range_constexpr(2):
                     cute.autovec_copy(cute.local_tile(rb, (2,), (h,)),
                                       cute.local_tile(mO[row, head, None], (2,), (c // 2 + 4 * h,)))

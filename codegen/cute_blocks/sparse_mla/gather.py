@@ -1,5 +1,19 @@
-{# Sparse MLA: gathering KV rows by index into shared memory (bf16 cp.async, or fp8 records staged raw and dequantized), methods of the split kernel class. #}
-    # ------------------------------------------------------------------------------------------
+"""Gathering the KV rows named by the indices into shared memory: the cache bound, the
+indices of a tile, 64-bit record addressing, the bias of masked tokens, and the gather forms
+(bf16 rows by cp.async; fp8_ds_mla records through registers, one tile ahead, optionally by a
+producer warpgroup; or staged raw in shared memory and dequantised there)."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+from .barriers import BAR_EMPTY, BAR_FULL
+from .kv_format import D_QK, FP8_RECORD, FP8_ROPE_OFF, FP8_SCALE_OFF, PAGE_SIZE, Fp8DsMlaDequant
+
+
+class GatherRows:
+    """What every gather form shares. Config (attributes of the kernel): tile_tokens."""
+
     def cache_slots(self, mKV: cute.Tensor) -> Uint32:
         """Token slots of the cache tensor passed: its blocks (a runtime dim; a page-strided view
         counts its own) times the page size. The max(.., 0) also turns the shape's scalar into
@@ -24,7 +38,7 @@
     def index_at(self, mIdx, row, tok_begin, tile, tok_end, tKcK, m: cutlass.Constexpr) -> Int32:
         """Index of this thread's gather row m of `tile` as the caller wrote it; -1 past the split
         end. It only becomes an address or a bias behind live_slot (the cache bound)."""
-        pos = tok_begin + tile * TILE_TOKENS + tKcK[0, m, 0][0]
+        pos = tok_begin + tile * self.tile_tokens + tKcK[0, m, 0][0]
         slot = Int32(-1)
         if pos < tok_end:
             slot = mIdx[row, pos]
@@ -49,11 +63,14 @@
         # one thread per token row marks it valid (0) or masked (-inf)
         if tKcK[0, 0, 0][1] == 0:
             for m in cutlass.range_constexpr(cute.size(rIdx)):
-                sBias[stage * TILE_TOKENS + tKcK[0, m, 0][0]] = (
+                sBias[stage * self.tile_tokens + tKcK[0, m, 0][0]] = (
                     Float32(0.0) if self.live_slot(rIdx[m], n_slots) else -Float32.inf
                 )
 
-{% if kv_format == "bf16" %}
+
+class Bf16Gather(GatherRows):
+    """bf16 KV: each gathered row cp.async'd into the K stage, 16 bytes at a time."""
+
     @cute.jit
     def gather_bf16(self, mKV, sKs, sBias, stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots):
         """cp.async one 16-byte chunk at a time from each gathered row; zero-fill masked rows."""
@@ -74,43 +91,17 @@
             else:
                 for k in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
                     tKsK[None, m, k].fill(0.0)
-{% else %}
-    # fp8_ds_mla: dequantising a record row into the K tile (both forms below)
-    def col_slot(self, tKcK):
-        """This gather thread's 16-byte column slot (0..7) in a token row: its NoPE chunks, the
-        scale chunk it loads and its RoPE chunk follow from it."""
-        return tKcK[0, 0, 0][1] // 8
 
-    def k_tile_parts(self, sKs, nope_thr_copy, gmem_thr_copy):
-        """This thread's destinations in a K tile: ((8,2), rows, 4) NoPE and (8, rows, 1) RoPE."""
-        sNope = cute.local_tile(sKs, (TILE_TOKENS, D_V), (0, 0))
-        tNs = nope_thr_copy.partition_D(sNope)
-        tRs = gmem_thr_copy.partition_D(cute.local_tile(sKs, (TILE_TOKENS, D_ROPE), (0, D_V // D_ROPE)))
-        return tNs, tRs
 
-    @cute.jit
-    def store_dequant(self, rV, scale, dst):
-        """16 e4m3 values * scale -> the K tile's type -> one 32-byte smem store. fp16: one exact
-        conversion and one packed multiply per pair; bf16: through f32."""
-        rB = cute.make_rmem_tensor(dst.shape, dst.element_type)
-        if const_expr(dst.element_type == Float16):
-            rB.store(rV.load().to(Float16) * scale.to(Float16))
-        else:
-            rB.store((rV.load().to(Float32) * scale).to(BFloat16))
-        cute.autovec_copy(rB, dst)
+class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
+    """fp8_ds_mla records gathered into registers one tile ahead and dequantised into a K stage.
+    Config: tile_tokens, rows_per_pass, mma_dtype."""
 
-    @cute.jit
-    def zero_row(self, tNs, tRs, m):
-        for k in cutlass.range_constexpr(4):
-            tNs[None, m, k].fill(0.0)
-        tRs[None, m, 0].fill(0.0)
-
-{% if tile.fp8_regs %}
     # records gathered into registers, one tile ahead
     def make_fp8_regs(self):
         """Registers for one tile of this thread's token rows: its 16 NoPE e4m3 of each 128-block,
         the 4 fp32 scales, its 8 bf16 of RoPE, and the row's slot (-1: masked)."""
-        n = TILE_TOKENS // self.rows_per_pass
+        n = self.tile_tokens // self.rows_per_pass
         return (cute.make_rmem_tensor((16, 4, n), cutlass.Float8E4M3FN), cute.make_rmem_tensor((4, n), Float32),
                 cute.make_rmem_tensor((8, n), BFloat16), cute.make_rmem_tensor((n,), Int32))
 
@@ -151,11 +142,11 @@
             if live:
                 for k in cutlass.range_constexpr(4):
                     self.store_dequant(rV[None, k, m], rS[k, m], tNs[None, m, k])
-                tRs[None, m, 0].store(rR[None, m].load().to(MMA_DTYPE))
+                tRs[None, m, 0].store(rR[None, m].load().to(self.mma_dtype))
             else:
                 self.zero_row(tNs, tRs, m)
             if q == 0:
-                sBias[stage * TILE_TOKENS + r] = Float32(0.0) if live else -Float32.inf
+                sBias[stage * self.tile_tokens + r] = Float32(0.0) if live else -Float32.inf
             if const_expr(not (defer_last and m == cute.size(rSlot) - 1)):
                 self.refill_row(copies, regs, src, has_next, ahead, m)
 
@@ -172,7 +163,12 @@
             self.load_fp8_row(mKV, self.col_slot(tKcK), rIdx[m], n_slots, regs, m)
         rIdx[m] = self.index_at(mIdx, row, tok_begin, ahead, tok_end, tKcK, m)
 
-{% if tile.producer %}
+
+class Fp8Producer(Fp8RegsGather):
+    """A producer warpgroup gathers and dequantises each tile (Fp8RegsGather) into one of the
+    K stages and hands it over by named barriers. Config: stages, bias_slots, mma_threads,
+    num_threads."""
+
     @cute.jit
     def produce_tiles(self, mKV, mIdx, mLen, tokens_per_split, sK_layout, storage):
         """The producer warpgroup: tile t's records are dequantised into K stage t % STAGES as
@@ -181,10 +177,10 @@
         tidx, _, _ = cute.arch.thread_idx()
         split, _, row = cute.arch.block_idx()
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sBias = storage.sBias.get_tensor(cute.make_layout(BIAS_SLOTS * TILE_TOKENS))
+        sBias = storage.sBias.get_tensor(cute.make_layout(self.bias_slots * self.tile_tokens))
         tok_begin, tok_end, n_tiles = self.token_range(mIdx, mLen, row, split, tokens_per_split)
-        _, gmem_thr_copy, nope_thr_copy, tKcK = self.gather_copies(tidx - MMA_THREADS)
-        rIdx = cute.make_rmem_tensor((TILE_TOKENS // self.rows_per_pass,), Int32)
+        _, gmem_thr_copy, nope_thr_copy, tKcK = self.gather_copies(tidx - self.mma_threads)
+        rIdx = cute.make_rmem_tensor((self.tile_tokens // self.rows_per_pass,), Int32)
         regs = self.make_fp8_regs()
         copies = (tKcK, nope_thr_copy, gmem_thr_copy)
         n_slots = self.cache_slots(mKV)     # once per CTA: the producer's row path is issue-bound
@@ -194,19 +190,22 @@
             self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
         self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
         for t in cutlass.range(n_tiles, unroll=1):
-            stage = t % STAGES
-            if t >= STAGES:
-                cute.arch.barrier(barrier_id=BAR_EMPTY + stage, number_of_threads=NUM_THREADS)
+            stage = t % self.stages
+            if t >= self.stages:
+                cute.arch.barrier(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
             # the last row's refill follows the hand-over, so the fence before FULL is not queued
             # behind its loads
             self.dequant_fp8_regs(sK[None, None, stage], sBias, stage, copies, regs, src, t + 1 < n_tiles, t + 2,
                                   defer_last=True)
             cute.arch.fence_view_async_shared()     # the dequantised stage is read by wgmma
-            cute.arch.barrier_arrive(barrier_id=BAR_FULL + stage, number_of_threads=NUM_THREADS)
+            cute.arch.barrier_arrive(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
             self.refill_row(copies, regs, src, t + 1 < n_tiles, t + 2, cute.size(rIdx) - 1)
-{% endif %}
 
-{% else %}
+
+class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
+    """fp8_ds_mla records cp.async'd raw into raw_stages shared-memory slots, then dequantised
+    into the K tile. Config: tile_tokens, raw_stages, head_block, wgmma, gather_threads."""
+
     # records staged raw in shared memory by cp.async
     @cute.jit
     def issue_fp8_raw(self, mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots):
@@ -222,7 +221,7 @@
             if self.live_slot(slot_idx, n_slots):
                 addr = self.row_address(mKV, slot_idx, FP8_RECORD)
                 r = tKcK[0, m, 0][0]
-                dst_off = cute.assume((slot * TILE_TOKENS + r) * FP8_RECORD + 16 * q, divby=16)
+                dst_off = cute.assume((slot * self.tile_tokens + r) * FP8_RECORD + 16 * q, divby=16)
                 for j in cutlass.range_constexpr((FP8_RECORD // 16 + 7) // 8):
                     if const_expr(8 * j + 8 <= FP8_RECORD // 16):
                         self.cp16(atom, addr + 16 * q + 128 * j, raw_base + (dst_off + 128 * j))
@@ -243,10 +242,10 @@
         # 64-head blocks: a rolled loop over this thread's rows, so fewer loop-invariant smem
         # addresses are held across the MMA loop (they spilled when unrolled)
         n_rows = cute.size(tNs, mode=[1])
-        for m in cutlass.range(n_rows, unroll=1 if (HEAD_BLOCK == 64 and not WGMMA) else n_rows):
-            r = tKcK[0, 0, 0][0] + m * (GATHER_THREADS // 8)
-            bias = sBias[slot * TILE_TOKENS + r]
-            rec = cute.assume((slot * TILE_TOKENS + r) * FP8_RECORD, divby=16)
+        for m in cutlass.range(n_rows, unroll=1 if (self.head_block == 64 and not self.wgmma) else n_rows):
+            r = tKcK[0, 0, 0][0] + m * (self.gather_threads // 8)
+            bias = sBias[slot * self.tile_tokens + r]
+            rec = cute.assume((slot * self.tile_tokens + r) * FP8_RECORD, divby=16)
             if bias == Float32(0.0):
                 rS = cute.make_rmem_tensor((4,), Float32)
                 cute.autovec_copy(
@@ -278,6 +277,4 @@
             else:
                 self.zero_row(tNs, tRs, m)
             if q == 0:
-                sBias[RAW_STAGES * TILE_TOKENS + r] = bias
-{% endif %}
-{% endif %}
+                sBias[self.raw_stages * self.tile_tokens + r] = bias

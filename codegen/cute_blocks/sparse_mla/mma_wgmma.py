@@ -1,25 +1,41 @@
-{# Sparse MLA on sm_90a, 64-head blocks: the same tile step with warpgroup MMA (wgmma). #}
-{% if tile.wgmma and not tile.heads_as_n %}
+"""The tile step with Hopper warpgroup MMA, 64 heads as M: S = Q K^T per warpgroup (or all of
+the tile by warpgroup 0, s_one_warpgroup), the online softmax, O += P V for each warpgroup's
+value columns."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+from .barriers import BAR_MAX
+from .fragments import mn_view
+from .kv_format import D_QK, D_V
+from .softmax import max_step, quad_allreduce
+
+
+class Wgmma64Heads:
+    """64-head wgmma blocks. Config: head_block, tile_tokens, warps_n, mma_dtype, mma_threads,
+    s_one_warpgroup, tokens_per_warp, dims_per_warp."""
 
     def s_tokens(self):
         """Tokens of a tile one warpgroup's S covers: all of them (S_ONE_WARPGROUP) or its share."""
-        return TILE_TOKENS if S_ONE_WARPGROUP else self.tokens_per_warp
+        return self.tile_tokens if self.s_one_warpgroup else self.tokens_per_warp
 
     def make_wg_mmas(self):
         """(S = Q K^T, O = P V) warpgroup MMAs: 64 x s_tokens() and 64 x D_V / WARPS_N."""
         mma_s = sm90_utils.make_trivial_tiled_mma(
-            MMA_DTYPE, MMA_DTYPE, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (1, 1, 1), (HEAD_BLOCK, self.s_tokens()),
+            self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (1, 1, 1), (self.head_block, self.s_tokens()),
         )
         mma_o = sm90_utils.make_trivial_tiled_mma(
-            MMA_DTYPE, MMA_DTYPE, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-            (1, 1, 1), (HEAD_BLOCK, D_V // WARPS_N),
+            self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+            (1, 1, 1), (self.head_block, D_V // self.warps_n),
         )
         return mma_s, mma_o
 
     def o_acc_shape(self, thr_mma):
         """O accumulator: 64 heads x this warpgroup's D_V / WARPS_N value columns."""
-        return thr_mma.partition_shape_C((HEAD_BLOCK, self.dims_per_warp))
+        return thr_mma.partition_shape_C((self.head_block, self.dims_per_warp))
 
     @cute.jit
     def issue_s_wg(self, thr_mma, sQ, sKs, wn):
@@ -31,7 +47,7 @@
         sK_w = cute.local_tile(sKs, (self.s_tokens(), D_QK), (wn, 0))
         tSrQ = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sQ))
         tSrK = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sK_w))
-        acc_S = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((HEAD_BLOCK, self.s_tokens())), Float32)
+        acc_S = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((self.head_block, self.s_tokens())), Float32)
         mma_s.set(warpgroup.Field.ACCUMULATE, False)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
@@ -59,62 +75,62 @@
         tok0 = wn * self.s_tokens()               # this warpgroup's first token in the tile
 
         # ---- mask and row max ------------------------------------------------------------
-        acc_S_mn = _mn_view(acc_S)
-        tScS_mn = _mn_view(thr_mma_s.partition_C(cute.make_identity_tensor((HEAD_BLOCK, self.s_tokens()))))
+        acc_S_mn = mn_view(acc_S)
+        tScS_mn = mn_view(thr_mma_s.partition_C(cute.make_identity_tensor((self.head_block, self.s_tokens()))))
         for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            bias = sBias[stage * TILE_TOKENS + tok0 + tScS_mn[0, c][1]]
+            bias = sBias[stage * self.tile_tokens + tok0 + tScS_mn[0, c][1]]
             for r in cutlass.range_constexpr(2):
                 acc_S_mn[r, c] = acc_S_mn[r, c] + bias
         tile_max = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             mx = acc_S_mn[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max[r] = _quad_allreduce(mx, True)
-        if const_expr(not S_ONE_WARPGROUP):
+            tile_max[r] = quad_allreduce(mx, True)
+        if const_expr(not self.s_one_warpgroup):
             # both warpgroups must agree on the running max of a row
             if lane % 4 == 0:
                 for r in cutlass.range_constexpr(2):
-                    sRed[wn * HEAD_BLOCK + tScS_mn[r, 0][0]] = tile_max[r]
+                    sRed[wn * self.head_block + tScS_mn[r, 0][0]] = tile_max[r]
             self.mma_sync()
             for r in cutlass.range_constexpr(2):
-                for w in cutlass.range_constexpr(WARPS_N):
-                    tile_max[r] = cute.arch.fmax(tile_max[r], sRed[w * HEAD_BLOCK + tScS_mn[r, 0][0]])
+                for w in cutlass.range_constexpr(self.warps_n):
+                    tile_max[r] = cute.arch.fmax(tile_max[r], sRed[w * self.head_block + tScS_mn[r, 0][0]])
 
         # ---- online softmax in base 2 ----------------------------------------------------
-        acc_O_mn = _mn_view(acc_O[0])
+        acc_O_mn = mn_view(acc_O[0])
         new_max = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             new_max[r] = cute.arch.fmax(row_max[r], tile_max[r])
-        if const_expr(S_ONE_WARPGROUP):
+        if const_expr(self.s_one_warpgroup):
             # the new maxima first: warpgroup 1 rescales its O while this one runs exp2
             if lane % 4 == 0:
                 for r in cutlass.range_constexpr(2):
-                    sMax[stage * HEAD_BLOCK + tScS_mn[r, 0][0]] = new_max[r]
-            cute.arch.barrier_arrive(barrier_id=BAR_MAX, number_of_threads=MMA_THREADS)
+                    sMax[stage * self.head_block + tScS_mn[r, 0][0]] = new_max[r]
+            cute.arch.barrier_arrive(barrier_id=BAR_MAX, number_of_threads=self.mma_threads)
         corrs = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            max_scaled, corr = _max_step(row_max[r], new_max[r], sm_scale_log2)
+            max_scaled, corr = max_step(row_max[r], new_max[r], sm_scale_log2)
             p = cute.math.exp2(acc_S_mn[r, None].load() * sm_scale_log2 - max_scaled, fastmath=True)
             acc_S_mn[r, None] = p
             row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
             corrs[r] = corr
-            if const_expr(not S_ONE_WARPGROUP):
+            if const_expr(not self.s_one_warpgroup):
                 acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
             row_max[r] = new_max[r]
 
         # ---- P -> smem (the whole 64 x TILE_TOKENS tile is read by both warpgroups) --------
         # as the fragment's pairs of adjacent tokens (32-bit stores; element-wise stores were
         # 16-bit, each with its own swizzled address)
-        rP = cute.make_rmem_tensor_like(acc_S, MMA_DTYPE)
-        rP.store(acc_S.load().to(MMA_DTYPE))
-        cute.autovec_copy(rP, thr_mma_s.partition_C(cute.local_tile(sP, (HEAD_BLOCK, self.s_tokens()), (0, wn))))
+        rP = cute.make_rmem_tensor_like(acc_S, self.mma_dtype)
+        rP.store(acc_S.load().to(self.mma_dtype))
+        cute.autovec_copy(rP, thr_mma_s.partition_C(cute.local_tile(sP, (self.head_block, self.s_tokens()), (0, wn))))
         cute.arch.fence_view_async_shared()     # P (st.shared) is read by wgmma
         self.mma_sync()
-        if const_expr(S_ONE_WARPGROUP):
+        if const_expr(self.s_one_warpgroup):
             # O's rescale after P is out: warpgroup 1's P V starts meanwhile
             for r in cutlass.range_constexpr(2):
                 acc_O_mn[r, None] = acc_O_mn[r, None].load() * corrs[r]
 
-{% if not tile.s_one_warpgroup %}
+
     @cute.jit
     def compute_tile_wg(
         self, thr_mma, sKs, sP, sBias, sRed, stage, wn, lane,
@@ -127,15 +143,14 @@
                              sm_scale_log2)
         self.pv_wg(thr_mma, sKs, sP, wn, acc_O)
 
-{% endif %}
     @cute.jit
     def pv_wg(self, thr_mma, sKs, sP, wn, acc_O):
         """O[:, warpgroup wn's D_V / WARPS_N columns] += P V over all tile tokens (wgmma
         64x256x16, P and V from smem), waited on before returning."""
         _, mma_o = self.make_wg_mmas()          # fresh: its ACCUMULATE field is set here
         thr_mma_o = mma_o.get_slice(thr_mma.thr_idx)
-        sVt = cute.composition(sKs, cute.make_layout((D_V, TILE_TOKENS), stride=(TILE_TOKENS, 1)))
-        sVt_w = cute.local_tile(sVt, (self.dims_per_warp, TILE_TOKENS), (wn, 0))
+        sVt = cute.composition(sKs, cute.make_layout((D_V, self.tile_tokens), stride=(self.tile_tokens, 1)))
+        sVt_w = cute.local_tile(sVt, (self.dims_per_warp, self.tile_tokens), (wn, 0))
         tOrP = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sP))
         tOrV = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(sVt_w))
         mma_o.set(warpgroup.Field.ACCUMULATE, True)
@@ -145,7 +160,7 @@
         warpgroup.commit_group()
         warpgroup.wait_group(0)
 
-{% if tile.s_one_warpgroup %}
+
     @cute.jit
     def tile_by_role(
         self, role: cutlass.Constexpr, thr_mma, sKs, sP, sBias, sRed, sMax, stage, lane, acc_S, acc_O,
@@ -168,14 +183,12 @@
         columns (same operations on the same values as warpgroup 0, so both agree bit for bit),
         then wait for P (the barrier that ends softmax_tile_wg). Its row sums stay 0: the
         epilogue adds warpgroup 0's."""
-        cute.arch.barrier(barrier_id=BAR_MAX, number_of_threads=MMA_THREADS)
-        tOcO_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((HEAD_BLOCK, self.dims_per_warp))))
-        acc_O_mn = _mn_view(acc_O[0])
+        cute.arch.barrier(barrier_id=BAR_MAX, number_of_threads=self.mma_threads)
+        tOcO_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.head_block, self.dims_per_warp))))
+        acc_O_mn = mn_view(acc_O[0])
         for r in cutlass.range_constexpr(2):
-            new_max = sMax[stage * HEAD_BLOCK + tOcO_mn[r, 0][0]]
-            _, corr = _max_step(row_max[r], new_max, sm_scale_log2)
+            new_max = sMax[stage * self.head_block + tOcO_mn[r, 0][0]]
+            _, corr = max_step(row_max[r], new_max, sm_scale_log2)
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
             row_max[r] = new_max
         self.mma_sync()                         # P of the tile is in smem
-{% endif %}
-{% endif %}

@@ -1,0 +1,596 @@
+"""The sparse MLA attention kernel, split (decode: one CTA per row, split and head block, writing a
+normalised partial o and its base-2 lse) or extend (one CTA per row and head block over the
+whole row, writing out and lse). What every form shares lives in AttentionKernel: the host
+setup (shared-memory layouts, tiled MMAs), the split of the CTA into roles, the Q load, the token
+range and the tile loop of each pipeline. A kernel class composes it with a gather block
+(gather.py), an MMA form (mma_warp.py, mma_wgmma.py, mma_wgmma_heads_n.py) and an epilogue
+(epilogue.py); the generated module sets the config in __init__, and const_expr on it picks
+the code at trace time."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8, const_expr
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+
+from .barriers import BAR_EMPTY, BAR_FULL, BAR_MMA
+from .fragments import swizzled_atom
+from .kv_format import D_QK, D_V, FP8_RECORD
+
+# setmaxnreg split of the CTA's registers in the producer form: the producer holds a tile of
+# records (~104) and sets the pace at large batches, so it must not spill (at 120 it does). The
+# MMA warpgroups have different roles (s_one_warpgroup): warpgroup 0 holds O (128) and a whole
+# tile's S (32), warpgroup 1 only O. 200 / 152 for them is refused by ptxas (C7507: every
+# setmaxnreg ignored), 184 / 168 serialises warpgroup 0's wgmmas (C7512). The pool is what the
+# launch granted (168 per thread at 384 threads), not the SM's 64K: asking for more leaves an
+# allocation waiting forever.
+PRODUCER_REGS = 152
+S_WG_REGS = 192
+V_WG_REGS = 160
+
+
+class AttentionKernel:
+    """The shared part of the split (decode) and extend kernel classes. Config (set by the
+    generated module): the spec (num_heads, fp8, extend), the tiling (head_block, tile_tokens,
+    warps_m, warps_n, stages, raw_stages), the form (wgmma, heads_as_n, producer, fp8_regs,
+    p_in_rope, s_one_warpgroup, s_before_gather) and what follows from them."""
+
+    def smem_and_mmas(self):
+        """Host side of every form: the shared-memory layouts of Q, the K stages and P, the
+        SharedStorage struct, and the tiled MMAs (S, O)."""
+        # Shared memory: Q for the head block, STAGES gathered K tiles, P, and small arrays.
+        if const_expr(self.wgmma):
+            # wgmma: 128-byte-swizzled K-major atoms (8 rows x 64 bf16). The same K tile is the
+            # K-major B operand of S = Q K^T and, viewed transposed, the MN-major B operand V of O.
+            atom_k = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+            sQ_layout = cute.tile_to_shape(atom_k, (self.head_block, D_QK), (0, 1))
+            sK_layout = cute.tile_to_shape(atom_k, (self.tile_tokens, D_QK, self.stages), (0, 1, 2))
+            sP_layout = cute.tile_to_shape(atom_k, (self.head_block, self.tile_tokens), (0, 1))
+        else:
+            sQ_layout = cute.tile_to_shape(swizzled_atom(64), (self.head_block, D_QK), (0, 1))
+            sK_layout = cute.tile_to_shape(
+                swizzled_atom(64), (self.tile_tokens, D_QK, self.stages), (0, 1, 2)
+            )
+            sP_layout = cute.tile_to_shape(
+                swizzled_atom(min(self.tile_tokens, 64)), (self.head_block, self.tile_tokens), (0, 1)
+            )
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sK_layout)], 1024]
+            if const_expr(not self.p_in_rope):
+                sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout)], 1024]
+            if const_expr(self.raw_stages > 0):
+                # raw fp8_ds_mla records of RAW_STAGES tiles, landed by cp.async, dequantised to sK
+                sRaw: cute.struct.Align[cute.struct.MemRange[Uint8, self.raw_stages * self.tile_tokens * FP8_RECORD], 1024]
+            # 0 for a valid gathered token, -inf for a masked one (per stage)
+            sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.bias_slots * self.tile_tokens], 16]
+            # cross-warp row max / row sum exchange
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, self.red_slots], 16]
+            if const_expr(self.s_one_warpgroup):
+                # each stage's running row max after its tile, from warpgroup 0 to warpgroup 1
+                sMax: cute.struct.Align[cute.struct.MemRange[Float32, self.stages * self.head_block], 16]
+
+        if const_expr(self.wgmma):
+            # One warpgroup per (64 heads) x (its token half for S | its value-column half for O).
+            tiled_mma_s, tiled_mma = self.make_wg_mmas()
+        else:
+            # Warp MMA over WARPS_M warps along heads; warps along N pick their own slice of smem.
+            tiled_mma = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
+                (self.warps_m, 1, 1),
+                permutation_mnk=(self.warps_m * 16, 16, 16),
+            )
+            # S = Q K^T: same warps; N tile of 8 when a warp owns only 8 tokens
+            tiled_mma_s = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)),
+                (self.warps_m, 1, 1),
+                permutation_mnk=(self.warps_m * 16, 16 if self.tokens_per_warp % 16 == 0 else 8, 16),
+            )
+        return sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma
+
+    @cute.jit
+    def attend(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        outs,                     # extend: (mO, mLse, mSink, has_sink, lse_natural); split: (mPartO, mPartLse, tokens_per_split)
+        sm_scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+        storage=None,             # the kernel's allocation when a producer warpgroup shares it
+        role: cutlass.Constexpr = None,   # S_ONE_WARPGROUP: this MMA warpgroup (0: S, softmax, P V; 1: P V)
+    ):
+        if const_expr(self.extend):
+            mO, mLse, mSink, has_sink, lse_natural = outs
+        else:
+            mPartO, mPartLse, tokens_per_split = outs
+        tidx, _, _ = cute.arch.thread_idx()
+        split, head_blk, row = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        wn = 0                                    # warp position along tokens / value dims
+        if const_expr(role is not None):
+            wn = role
+        elif const_expr(self.warps_n > 1):             # (a constant 0 keeps its branches static)
+            wn = warp_idx // self.warps_m
+        mma_tidx = tidx % (self.warps_m * 32)          # thread index inside the WARPS_M-warp MMA
+
+        if const_expr(storage is None):
+            storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        if const_expr(self.wgmma):
+            # wgmma descriptors want the swizzle on the pointer and an affine layout
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            if const_expr(self.p_in_rope):
+                # P of each K stage in that stage's RoPE block (the last 64 columns, dead once S is
+                # done): 1 KB swizzle atoms, tokens first; the last mode picks the stage
+                p_base = storage.sK.data_ptr() + (D_V // 64) * self.tile_tokens * 64
+                sP = cute.make_tensor(
+                    cute.recast_ptr(p_base, sP_layout.inner, dtype=self.mma_dtype),
+                    cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=self.tile_tokens * D_QK)),
+                )
+            else:
+                sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+        else:
+            sQ = storage.sQ.get_tensor(sQ_layout)
+            sK = storage.sK.get_tensor(sK_layout)
+            sP = storage.sP.get_tensor(sP_layout)
+        sBias = storage.sBias.get_tensor(cute.make_layout(self.bias_slots * self.tile_tokens))
+        if const_expr(self.raw_stages > 0):
+            raw_base = storage.sRaw.data_ptr()
+        sRed = storage.sRed.get_tensor(cute.make_layout(self.red_slots))
+        if const_expr(self.s_one_warpgroup):
+            sMax = storage.sMax.get_tensor(cute.make_layout(self.stages * self.head_block))
+
+        # ---- token range of this split ----------------------------------------------------
+        if const_expr(self.extend):
+            tokens_per_split = mIdx.shape[1]    # extend: one CTA covers the whole row
+        tok_begin, tok_end, n_tiles = self.token_range(mIdx, mLen, row, split, tokens_per_split)
+
+        if const_expr(not self.producer):
+            gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK = self.gather_copies(tidx)
+
+        # Q of this (row, head block): once, asynchronously, 8 threads per head row.
+        gQ = self.head_rows(mQ[row, None, None], head_blk, D_QK)
+        q_tiled_copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
+                                num_bits_per_copy=128),
+            cute.make_ordered_layout((self.q_threads // 8, 8), order=(1, 0)), cute.make_layout((1, 8)),
+        )
+        q_thr_copy = q_tiled_copy.get_slice(tidx % self.q_threads)
+        if const_expr(self.q_threads == self.num_threads):
+            self.load_q(q_tiled_copy, q_thr_copy, gQ, sQ)
+        else:
+            if tidx < self.q_threads:
+                self.load_q(q_tiled_copy, q_thr_copy, gQ, sQ)
+        cute.arch.cp_async_commit_group()
+
+        if const_expr(not self.producer):
+            # slots of the next tile this thread gathers (one token row per pass)
+            rIdx = cute.make_rmem_tensor((self.tile_tokens // self.rows_per_pass,), Int32)
+            self.load_indices(mIdx, row, tok_begin, 0, tok_end, tKcK, rIdx)
+            n_slots = self.cache_slots(mKV)     # the cache bound, once per CTA (gathers test it per row)
+
+        # ---- per-thread MMA state -----------------------------------------------------------
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        if const_expr(self.wgmma):
+            # wgmma: one 64 x (D_V / WARPS_N) accumulator per warpgroup (128 f32 per thread).
+            acc_O = [cute.make_rmem_tensor(self.o_acc_shape(thr_mma), Float32)]
+            acc_O[0].fill(0.0)
+        else:
+            # O accumulators as one fragment per 16 value columns: the B operand of each chunk is
+            # loaded right before its MMAs, so B never competes with O for registers.
+            acc_O = []
+            for _ in cutlass.range_constexpr(self.dims_per_warp // 16):
+                acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.head_block, 16)), Float32)
+                acc.fill(0.0)
+                acc_O.append(acc)
+        row_max = cute.make_rmem_tensor((self.row_vals,), Float32)   # raw q.k max of this thread's rows (heads)
+        row_sum = cute.make_rmem_tensor((self.row_vals,), Float32)   # this thread's partial sums of 2^(s - max)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        if const_expr(self.producer):
+            # ---- MMA warps: Q -> fp16 once, then each tile as the producer fills its stage -----
+            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
+            cute.arch.fence_view_async_shared()     # fp16 Q (st.shared) is read by wgmma
+            self.mma_sync()
+            # (Tile t + 1's S is not issued before tile t's softmax, the warpgroups do not alternate
+            # tiles, and warpgroup 1 dequantises nothing: each makes the producer and the MMA warps wait
+            # for each other or costs registers that serialise the wgmmas; docs/notes/mma-forms.md,
+            # docs/notes/decode-pipeline.md.)
+            for t in cutlass.range(n_tiles, unroll=1):
+                stage = t % self.stages
+                cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
+                acc_S = None
+                if const_expr(role == 0):
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
+                self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
+                                  stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
+                if t + self.stages < n_tiles:            # the producer fills tile t + STAGES there
+                    cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
+        elif const_expr(self.fp8_regs):
+            # ---- prologue: tile 0's records in registers; Q -> fp16 ----------------------------
+            regs = self.make_fp8_regs()
+            if n_tiles > 0:
+                self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
+            self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
+            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
+
+            # one K stage (two CTAs per SM): dequantise tile t, each row's registers reloaded with
+            # t+1's record as soon as the row is stored, so they travel while tile t is multiplied
+            for t in cutlass.range(n_tiles, unroll=1):
+                cute.arch.sync_threads()            # everyone's PV of tile t-1 has read the stage
+                self.dequant_fp8_regs(sK[None, None, 0], sBias, 0, (tKcK, nope_thr_copy, gmem_thr_copy), regs,
+                                      (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots), t + 1 < n_tiles, t + 2)
+                cute.arch.fence_view_async_shared()
+                cute.arch.sync_threads()
+                acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                self.compute_tile_wg(
+                    thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
+                    wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                    sm_scale_log2=sm_scale_log2,
+                )
+        elif const_expr(self.fp8):
+            # ---- prologue: RAW_STAGES tiles of raw records in flight ---------------------------
+            # One commit group per tile, empty past the last tile, so wait_group counts stay fixed.
+            for s in cutlass.range_constexpr(self.raw_stages):
+                if s < n_tiles:
+                    self.issue_fp8_raw(mKV, raw_base, sBias, s, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, s + 1, tok_end, tKcK, rIdx)
+
+            for t in cutlass.range(n_tiles, unroll=1):
+                slot = t % self.raw_stages
+                # raw tile t (and Q) landed for this thread; the barrier publishes every thread's
+                # part and guarantees everyone finished tile t-1's MMAs, which read sK.
+                cute.arch.cp_async_wait_group(self.raw_stages - 1)
+                if const_expr(self.wgmma):
+                    cute.arch.fence_view_async_shared()     # Q (cp.async) is read by wgmma
+                cute.arch.sync_threads()
+                self.dequant_fp8_tile(raw_base, sK[None, None, 0], sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy)
+                if const_expr(self.wgmma):
+                    cute.arch.fence_view_async_shared()     # dequantised K (st.shared) is read by wgmma
+                cute.arch.sync_threads()
+                if const_expr(self.wgmma):
+                    # S = Q K^T runs on the tensor cores while this thread issues the next raw tile
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                # raw slot `slot` is free again: start tile t + RAW_STAGES there
+                if t + self.raw_stages < n_tiles:
+                    self.issue_fp8_raw(mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, t + self.raw_stages + 1, tok_end, tKcK, rIdx)
+                if const_expr(self.wgmma):
+                    self.compute_tile_wg(
+                        thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=self.raw_stages,
+                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                        sm_scale_log2=sm_scale_log2,
+                    )
+                else:
+                    self.compute_tile(
+                        tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, 0], sP, sBias, sRed, self.raw_stages, wn, lane,
+                        acc_O, row_max, row_sum, sm_scale_log2,
+                    )
+        else:
+            # ---- prologue: gather tile 0 into stage 0 -----------------------------------------
+            if n_tiles > 0:
+                self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                cute.arch.cp_async_commit_group()
+                self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
+
+            if const_expr(self.p_in_rope):
+                for t in cutlass.range(n_tiles, unroll=1):
+                    # tile t (and Q) landed: publish every thread's part to wgmma
+                    cute.arch.cp_async_wait_group(0)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.sync_threads()
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
+                    self.compute_tile_wg(
+                        thr_mma, sKs=sK[None, None, 0], sP=sP[None, None, 0], sBias=sBias, sRed=sRed, stage=0,
+                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                        sm_scale_log2=sm_scale_log2,
+                    )
+                    if t + 1 < n_tiles:
+                        cute.arch.sync_threads()    # every PV of tile t is done reading the stage
+                        self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                        cute.arch.cp_async_commit_group()
+                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
+            else:
+                for t in cutlass.range(n_tiles, unroll=1):
+                    stage = t % 2
+                    # Tile t (and Q) landed for this thread; the barrier publishes every thread's part,
+                    # and guarantees everyone finished tile t-1, whose stage we now overwrite.
+                    cute.arch.cp_async_wait_group(0)
+                    if const_expr(self.wgmma):
+                        cute.arch.fence_view_async_shared()     # Q and K (cp.async) are read by wgmma
+                    cute.arch.sync_threads()
+                    if const_expr(self.s_one_warpgroup):
+                        # warpgroup 0's S of tile t runs on the tensor cores while every thread issues the
+                        # gather of t + 1
+                        acc_S = None
+                        if const_expr(role == 0):
+                            acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
+                    elif const_expr(self.wgmma and self.s_before_gather):
+                        # S of tile t runs on the tensor cores while this thread issues the gather of t + 1
+                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
+                    if t + 1 < n_tiles:
+                        self.gather_bf16(mKV, sK[None, None, 1 - stage], sBias, 1 - stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
+                        cute.arch.cp_async_commit_group()
+                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
+                    if const_expr(self.wgmma and not self.s_before_gather):
+                        # the gather bounds this tile: its loads go out before the S wgmmas are issued
+                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
+
+                    if const_expr(self.s_one_warpgroup):
+                        self.tile_by_role(role, thr_mma, sK[None, None, stage], sP, sBias, sRed, sMax, stage, lane, acc_S,
+                                          acc_O, row_max, row_sum, sm_scale_log2)
+                    elif const_expr(self.wgmma):
+                        self.compute_tile_wg(
+                            thr_mma, sKs=sK[None, None, stage], sP=sP, sBias=sBias, sRed=sRed, stage=stage,
+                            wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                            sm_scale_log2=sm_scale_log2,
+                        )
+                    else:
+                        self.compute_tile(
+                            tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, stage], sP, sBias, sRed, stage, wn, lane,
+                            acc_O, row_max, row_sum, sm_scale_log2,
+                        )
+
+        cute.arch.cp_async_wait_group(0)
+        if const_expr(self.extend):
+            self.epilogue(
+                thr_mma, self.head_rows(mO[row, None, None], head_blk, D_V), mLse[row, None],
+                sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max, row_sum, sm_scale_log2,
+                sink=(has_sink, mSink, lse_natural),
+            )
+        else:
+            self.epilogue(
+                thr_mma, self.head_rows(mPartO[row, split, None, None], head_blk, D_V),
+                mPartLse[row, split, None], sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max,
+                row_sum, sm_scale_log2,
+            )
+
+    @cute.jit
+    def split_roles(self, mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, attend_args):
+        """A role per warpgroup, fixed at trace time so that no accumulator crosses a branch:
+        warpgroup 0 attends with S and the softmax, warpgroup 1 with P V only, and in the
+        producer form the last warpgroup gathers and dequantises (produce_tiles). One
+        shared-memory allocation serves every role (one per branch would be summed); setmaxnreg
+        gives the producer's registers to the MMA warps."""
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if const_expr(self.producer):
+            if warp >= self.mma_threads // 32:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+                self.produce_tiles(mKV, mIdx, mLen, tokens_per_split, sK_layout, storage)
+            elif warp >= 4:
+                cute.arch.setmaxregister_decrease(V_WG_REGS)
+                self.attend(*attend_args, SharedStorage, storage, role=1)
+            else:
+                cute.arch.setmaxregister_increase(S_WG_REGS)
+                self.attend(*attend_args, SharedStorage, storage, role=0)
+        else:
+            if warp >= 4:
+                self.attend(*attend_args, SharedStorage, storage, role=1)
+            else:
+                self.attend(*attend_args, SharedStorage, storage, role=0)
+
+    @cute.jit
+    def mma_sync(self):
+        """Barrier over the MMA warps: every thread, unless a producer warpgroup runs apart."""
+        if const_expr(self.producer):
+            cute.arch.barrier(barrier_id=BAR_MMA, number_of_threads=self.mma_threads)
+        else:
+            cute.arch.sync_threads()
+
+    def head_rows(self, t: cute.Tensor, head_blk, cols: int) -> cute.Tensor:
+        """Rows [head_blk * HEAD_BLOCK, + HEAD_BLOCK) of a per-row [H, cols] tensor. With fewer
+        heads than a block the view runs past the last head: only its first Q_ROWS rows are
+        read or written."""
+        if const_expr(self.q_rows < self.head_block):
+            return cute.make_tensor(t.iterator, cute.make_layout((self.head_block, cols), stride=t.layout.stride))
+        return cute.local_tile(t, (self.head_block, cols), (head_blk, 0))
+
+    @cute.jit
+    def load_q(self, q_tiled_copy, q_thr_copy, gQ, sQ):
+        """cp.async this thread's chunks of the block's Q; rows past Q_ROWS are zero-filled."""
+        if const_expr(self.q_rows == self.head_block):
+            cute.copy(q_tiled_copy, q_thr_copy.partition_S(gQ), q_thr_copy.partition_D(sQ))
+        else:
+            tQg = q_thr_copy.partition_S(gQ)
+            tQs = q_thr_copy.partition_D(sQ)
+            for p in cutlass.range_constexpr(cute.size(tQs, mode=[1])):
+                if const_expr((p + 1) * (self.q_threads // 8) <= self.q_rows):
+                    cute.copy(q_tiled_copy, tQg[None, p, None], tQs[None, p, None])
+                else:
+                    tQs[None, p, None].fill(0.0)
+
+    @cute.jit
+    def q_to_fp16(self, storage, sQ_layout, sQ, q_thr_copy, tidx):
+        """Wait for Q (cp.async) and convert it to fp16 in place, each thread over the chunks it
+        copied; returns the fp16 view the MMAs read (the caller publishes it)."""
+        cute.arch.cp_async_wait_group(0)
+        sQ16 = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner, dtype=Float16)
+        if tidx < self.q_threads:
+            tQh = q_thr_copy.partition_D(sQ16)
+            tQh.store(q_thr_copy.partition_D(sQ).load().to(Float16))
+        return sQ16
+
+    @cute.jit
+    def token_range(self, mIdx, mLen, row, split, tokens_per_split):
+        """(first token, end, 64-token tiles) of this CTA's part of the row."""
+        width = mIdx.shape[1]
+        length = cutlass.max(mLen[row], 0)
+        tok_begin = split * tokens_per_split
+        tok_end = cutlass.min(cutlass.min(tok_begin + tokens_per_split, width), length)
+        n_tiles = (cutlass.max(tok_end - tok_begin, 0) + (self.tile_tokens - 1)) // self.tile_tokens
+        return tok_begin, tok_end, n_tiles
+
+    def gather_copies(self, gtid):
+        """Gather thread gtid's copies: 8 threads per token row, 16-byte chunks. Returns the
+        tiled cp.async copy, its slice, the fp8 dequant store slice (None for bf16 KV) and the
+        slice's (token, column) coordinates in a K tile (identical for every tile)."""
+        atom_cp_async = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
+            num_bits_per_copy=128,
+        )
+        if const_expr(self.fp8):
+            # A dequantised 16-value piece is two 16-byte chunks of one 128-byte swizzled row,
+            # stored one after the other; 16-byte stores are served 8 threads at a time. With
+            # the 8 threads of one row, threads q and q + 4 hit the same chunk slot of two
+            # swizzle atoms (a 2-way bank conflict on every NoPE store). Each group of 8 threads takes two
+            # adjacent rows instead (q = 0-3 or 4-7 of each): odd rows' swizzle flips the
+            # chunk parity, so the 8 chunks of a store fall in 8 distinct slots.
+            thr_layout = cute.make_layout(((2, self.gather_threads // 16), (4, 2)), stride=((4, 16), (1, 8)))
+        else:
+            thr_layout = cute.make_ordered_layout((self.gather_threads // 8, 8), order=(1, 0))
+        gmem_tiled_copy = cute.make_tiled_copy_tv(atom_cp_async, thr_layout, cute.make_layout((1, 8)))
+        gmem_thr_copy = gmem_tiled_copy.get_slice(gtid)
+        tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((self.tile_tokens, D_QK)))
+        nope_thr_copy = None
+        if const_expr(self.fp8):
+            # each thread dequantises 16 e4m3 per 128-column block of its rows to the K tile
+            store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+            nope_thr_copy = cute.make_tiled_copy_tv(store_atom, thr_layout, cute.make_layout((1, 16))).get_slice(gtid)
+        return gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK
+
+
+class SplitKernel(AttentionKernel):
+    """Decode: per-split partial attention; the combine (combine.py) merges the splits."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, 576] bf16
+        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16
+        mPartLse: cute.Tensor,    # [rows, splits, H] f32
+        sm_scale_log2: Float32,
+        tokens_per_split: Int32,
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        grid = (
+            cute.size(mPartO.shape[1]),                 # splits
+            self.head_blocks,                                # head blocks
+            cute.size(mQ.shape[0]),                     # rows
+        )
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mPartO, mPartLse, sm_scale_log2, tokens_per_split,
+            sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        mPartO: cute.Tensor,
+        mPartLse: cute.Tensor,
+        sm_scale_log2: Float32,
+        tokens_per_split: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        # Launched as a programmatic dependent of whatever ran before on the stream, so this
+        # grid's launch overlaps that kernel's tail; every input (q, indices, lengths, the cache,
+        # the row count) and the outputs are touched only after the wait.
+        cute.arch.griddepcontrol_wait()
+        # let the combine grid (a programmatic dependent) be scheduled as soon as every split CTA
+        # has started; it waits for this grid's end before reading the partials
+        cute.arch.griddepcontrol_launch_dependents()
+        if const_expr(self.s_one_warpgroup):
+            self.split_roles(mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, (
+                mQ, mKV, mIdx, mLen, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+            ))
+        else:
+            self.attend(
+                mQ, mKV, mIdx, mLen, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+            )
+
+
+class ExtendKernel(AttentionKernel):
+    """Extend: attention over whole rows, out and lse written directly (sink folded in)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, 576] bf16
+        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mO: cute.Tensor,          # [rows, H, 512] bf16
+        mLse: cute.Tensor,        # [rows, H] f32
+        mSink: cute.Tensor,       # [H] f32, read only when has_sink != 0
+        mNumRows: cute.Tensor,    # [1] i32: rows in use; the rest of the capacity grid exits
+        sm_scale_log2: Float32,
+        has_sink: Int32,
+        lse_natural: Int32,
+        has_num_rows: Int32,      # 0: every grid row is live and mNumRows is not read
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        # Extend: one CTA per (head block, row) over the whole row; the grid is the capacity.
+        grid = (1, self.head_blocks, cute.size(mQ.shape[0]))
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mO, mLse, mSink, mNumRows, sm_scale_log2, has_sink, lse_natural,
+            has_num_rows, sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mKV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mLen: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        mSink: cute.Tensor,
+        mNumRows: cute.Tensor,
+        sm_scale_log2: Float32,
+        has_sink: Int32,
+        lse_natural: Int32,
+        has_num_rows: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_s: cute.TiledMma,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        # Launched as a programmatic dependent of whatever ran before on the stream, so this
+        # grid's launch overlaps that kernel's tail; every input (q, indices, lengths, the cache,
+        # the row count) and the outputs are touched only after the wait.
+        cute.arch.griddepcontrol_wait()
+        _, _, row = cute.arch.block_idx()
+        live_rows = cute.size(mQ.shape[0])
+        if has_num_rows != 0:
+            live_rows = mNumRows[0]
+        if row < live_rows:        # capacity grid: rows past the live count exit at once
+            if const_expr(self.s_one_warpgroup):
+                self.split_roles(mKV, mIdx, mLen, mIdx.shape[1], sK_layout, SharedStorage, (
+                    mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+                ))
+            else:
+                self.attend(
+                    mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+                )
