@@ -24,6 +24,7 @@ from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, roofline_us, r
 from benchmarks.timing import time_rotated  # noqa: E402
 
 TOPK = 2048
+CAPS_TOPK = None   # the plan's top-k (the spec built), when wider than the rows measured
 SETS = 8
 RECORD = {"fp8_ds_mla": 656, "bf16": 1152}
 
@@ -44,7 +45,7 @@ def problem_size(batch: int, heads: int, kv_format: str) -> tuple[float, float]:
 
 def bench_ours(sets, heads: int, kv_format: str, pool: torch.Tensor) -> float:
     batch = sets[0][0].shape[0]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_batched=batch))
+    p = sm.plan(sm.Caps(num_heads=heads, topk=CAPS_TOPK or TOPK, kv_format=kv_format, max_rows=batch))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     calls = []
     for q, idx, lengths in sets:
@@ -62,17 +63,23 @@ def bench_peer(sets, pool: torch.Tensor) -> float | None:
 
 
 def main() -> int:
+    global TOPK, CAPS_TOPK
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="batch {1, 128} x heads {16, 128}")
     ap.add_argument("--blocks", type=int, default=32768, help="cache pages (32768 x 64 tokens = 1.4 GB fp8)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (overrides the grid)")
     ap.add_argument("--heads", default=None, help="comma-separated head counts (overrides the grid)")
+    ap.add_argument("--topk", type=int, default=TOPK,
+                    help="index row width (a multiple of 64 up to 8192; the peer runs only at 2048)")
+    ap.add_argument("--caps-topk", type=int, default=None,
+                    help="Caps.topk of the plan (default: --topk), e.g. 8192 for the sparse-mla-wide specs")
     args = ap.parse_args()
     batches = (1, 128) if args.quick else (1, 4, 8, 32, 128)
     heads_list = (16, 128) if args.quick else (16, 32, 64, 128)
     batches = tuple(map(int, args.batches.split(","))) if args.batches else batches
     heads_list = tuple(map(int, args.heads.split(","))) if args.heads else heads_list
+    TOPK, CAPS_TOPK = args.topk, args.caps_topk
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  flashmla: {flashmla.unavailable_reason() or 'available'}")
     pools = {f: make_pool(f, args.blocks if f == "fp8_ds_mla" else args.blocks // 2, g) for f in RECORD}
@@ -87,7 +94,7 @@ def main() -> int:
                             torch.full((batch,), TOPK, device="cuda", dtype=torch.int32)) for _ in range(SETS)]
             r = {"batch": batch, "heads": heads, "topk": TOPK}
             r["ours_fp8_us"] = bench_ours(sets["fp8_ds_mla"], heads, "fp8_ds_mla", pools["fp8_ds_mla"])
-            r["peer_fp8_us"] = bench_peer(sets["fp8_ds_mla"], pools["fp8_ds_mla"])
+            r["peer_fp8_us"] = bench_peer(sets["fp8_ds_mla"], pools["fp8_ds_mla"]) if TOPK == 2048 else None
             r["ours_bf16_us"] = bench_ours(sets["bf16"], heads, "bf16", pools["bf16"])
             for f, key in (("fp8_ds_mla", "ours_fp8_us"), ("bf16", "ours_bf16_us")):
                 flops, nbytes = problem_size(batch, heads, f)

@@ -122,6 +122,8 @@ PRESETS: dict[str, Preset] = {
         model_preset(DEEPSEEK_V32, 8, "bf16", "-bf16"),
         Preset("sparse-mla-all", "sparse MLA decode + extend: all heads, both KV formats",
                tuple(ModelConfig(h, f) for f in KV_FORMATS for h in SPARSE_MLA_HEADS)),
+        Preset("sparse-mla-wide", "sparse MLA, index rows up to 8192: 16, 128 heads",
+               tuple(ModelConfig(h, f, topk=8192) for f in KV_FORMATS for h in (16, 128))),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),

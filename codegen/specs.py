@@ -65,6 +65,7 @@ def register_family(cls: type[KernelSpec]) -> type[KernelSpec]:
 SPARSE_MLA_HEADS = (16, 32, 64, 128)
 KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPARSE_MLA_MODES = ("decode", "extend")
+MAX_TOPK = 8192   # the widest index row a sparse MLA spec may serve (DeepSeek-V4 C128 at 1M context)
 
 
 @register_family
@@ -98,8 +99,8 @@ class SparseMLASpec(KernelSpec):
         _require(c, "v_head_dim", self.v_head_dim, self.v_head_dim == self.kv_lora_rank, "kv_lora_rank (512)")
         _require(c, "num_heads", self.num_heads, self.num_heads in SPARSE_MLA_HEADS,
                  ", ".join(map(str, SPARSE_MLA_HEADS)))
-        _require(c, "topk", self.topk, isinstance(self.topk, int) and 64 <= self.topk <= 2048 and self.topk % 64 == 0,
-                 "a multiple of 64 in [64, 2048]")
+        _require(c, "topk", self.topk, isinstance(self.topk, int) and 64 <= self.topk <= MAX_TOPK and self.topk % 64 == 0,
+                 f"a multiple of 64 in [64, {MAX_TOPK}]")
         _require(c, "kv_format", self.kv_format, self.kv_format in KV_FORMATS, ", ".join(KV_FORMATS))
         _require(c, "page_size", self.page_size, self.page_size == 64, "64")
         _require(c, "mode", self.mode, self.mode in SPARSE_MLA_MODES, ", ".join(SPARSE_MLA_MODES))
@@ -110,10 +111,11 @@ class SparseMLASpec(KernelSpec):
         return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}_{self.arch}"
 
     def template_context(self) -> dict:
-        from .tiling import COMBINE_FEW_SPLITS, decode_tiling
+        from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, decode_tiling
 
         return {
             "combine_few_splits": COMBINE_FEW_SPLITS,
+            "max_splits": min(self.topk // 64, MAX_SPLITS),
             "num_heads": self.num_heads,
             "kv_format": self.kv_format,
             "topk": self.topk,

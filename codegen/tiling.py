@@ -24,6 +24,9 @@ PRODUCER_ENABLED = True
 # it, "combine" (34 registers) loads the first COMBINE_FEW_SPLITS, i.e. every split. The runtime
 # picks by this bound (b12x.attention.sparse_mla.combine_entry); docs/notes/combine.md.
 COMBINE_FEW_SPLITS = 4
+# The combine holds one split's lse per lane of a warp, so a row has at most 32 splits; wider rows
+# (top-k up to 8192) give each split more 64-token tiles instead of more splits.
+MAX_SPLITS = 32
 # sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N, so that
 # 16 or 32 heads fill the wgmma N dimension instead of padding M to 64 (which doubles the tensor
 # work and left the mma.sync kernels issue- and latency-bound). Fewer than 64 heads not listed

@@ -7,7 +7,7 @@ from codegen.specs import KernelSpec, SparseMLASpec, SpecError
 @pytest.mark.parametrize("field,value,allowed", [
     ("num_heads", 48, "16, 32, 64, 128"),
     ("topk", 100, "multiple of 64"),
-    ("topk", 4096, "multiple of 64"),
+    ("topk", 8256, "multiple of 64 in [64, 8192]"),   # past the widest row a spec serves
     ("kv_format", "fp16", "fp8_ds_mla, bf16"),
     ("arch", "sm_80", "sm_90a, sm_120a"),
     ("page_size", 32, "64"),
@@ -43,3 +43,20 @@ def test_unknown_preset_and_arch_errors():
     with pytest.raises(PresetError, match="--arch: got 'sm_75'"):
         parse_archs("sm_75")
     assert parse_archs("sm_90a, sm_120a") == ("sm_90a", "sm_120a")
+
+
+def test_sparse_mla_topk_up_to_8192_and_the_split_cap():
+    """Index rows up to 8192 are a spec field; the planner never makes more splits than the
+    combine merges (codegen.tiling.MAX_SPLITS), wide rows get more tiles per split instead."""
+    from b12x.attention.sparse_mla import split_plan
+    from codegen.render import render
+    from codegen.tiling import MAX_SPLITS
+
+    for topk in (2560, 4096, 8192):
+        assert SparseMLASpec(topk=topk).topk == topk
+    for rows in (1, 2, 4, 8, 64):
+        for width in (2048, 4096, 8192):
+            s, tokens = split_plan(rows, width, 132, 1)
+            assert 1 <= s <= MAX_SPLITS and s * tokens >= width
+    assert "MAX_SPLITS = 32" in render(SparseMLASpec(topk=8192))
+    assert "MAX_SPLITS = 4" in render(SparseMLASpec(topk=256))

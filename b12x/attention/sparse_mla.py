@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from codegen.specs import SparseMLASpec
-from codegen.tiling import COMBINE_FEW_SPLITS, decode_tiling
+from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, decode_tiling
 
 from .. import registry
 from .. import scratch as _scratch
@@ -72,7 +72,7 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
     best = None
-    for s in range(1, tiles + 1):
+    for s in range(1, min(tiles, MAX_SPLITS) + 1):   # the combine merges at most MAX_SPLITS
         tps = -(-tiles // s)
         if -(-tiles // tps) != s:
             continue  # same tiles per split as a smaller s: no new plan

@@ -28,15 +28,15 @@ class SparseMlaCombine:
     split's last wave still runs and wait (griddepcontrol.wait) for the split grid to finish and
     flush, so the launch gap between the two kernels is hidden.
 
-    Config: num_heads; topk (splits per row never exceed its 64-token tiles, the planner's
-    bound, so one lane per split holds every split's lse in a single warp-wide load);
+    Config: num_heads; max_splits (splits per row: the planner never makes more than the
+    top-k's 64-token tiles or 32, so one lane per split holds every split's lse in a single
+    warp-wide load);
     few_splits (up to this many splits the early loads are clamped, codegen.tiling.
     COMBINE_FEW_SPLITS); many_splits (this entry point loads every split of a thread before the
     weights); part_block, when the partials are in wgmma O-fragment order (part_col), else None."""
 
-    def __init__(self, num_heads: int, topk: int, few_splits: int, many_splits: bool, part_block=None):
-        max_splits = topk // 64
-        assert max_splits <= 32
+    def __init__(self, num_heads: int, max_splits: int, few_splits: int, many_splits: bool, part_block=None):
+        assert 1 <= max_splits <= 32
         self.num_heads = num_heads
         self.max_groups = (max_splits + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
         self.part_block = part_block
