@@ -62,7 +62,7 @@ def register_family(cls: type[KernelSpec]) -> type[KernelSpec]:
     return cls
 
 
-SPARSE_MLA_HEADS = (16, 32, 64, 128)
+SPARSE_MLA_HEADS = (8, 16, 32, 64, 128)
 KV_FORMATS = ("fp8_ds_mla", "bf16")
 SPARSE_MLA_MODES = ("decode", "extend")
 MAX_TOPK = 8192   # the widest index row a sparse MLA spec may serve (DeepSeek-V4 C128 at 1M context)

@@ -35,7 +35,7 @@ MAX_SPLITS = 32
 # empty MMA rows cost less than the dequant they move off the MMA warps. Decode splits at 32
 # heads stay heads-as-N: faster at small batches than the 64-head form (docs/notes/mma-forms.md,
 # docs/notes/launch-and-splits.md).
-HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (16, 32)
+HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (8, 16, 32)
               for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
 
 
@@ -86,8 +86,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  stage's RoPE block so Q + two stages fit.
     p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 16/32 heads as N; producer).
     """
-    if num_heads not in (16, 32, 64, 128):
-        raise ValueError(f"num_heads must be 16, 32, 64 or 128, got {num_heads}")
+    if num_heads not in (8, 16, 32, 64, 128):
+        raise ValueError(f"num_heads must be 8, 16, 32, 64 or 128, got {num_heads}")
     if kv_format not in ("fp8_ds_mla", "bf16"):
         raise ValueError(f"unknown kv_format {kv_format!r}")
     if arch not in _SMEM_LIMIT:
@@ -113,13 +113,13 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             # of O^T each, all 8 warps dequantise: with 4 the dequant sets the pace. bf16: one
             # warpgroup; with no dequant to share, a second one measured slower.
             warps_m, warps_n = 4, (2 if fp8 else 1)
-            raw_stages = {32: 2, 16: 3}[head_block] if fp8 else 0
+            raw_stages = {32: 2, 16: 3, 8: 3}[head_block] if fp8 else 0
             if not fp8 and mode == "extend":
                 # one K stage, P in its RoPE block: two CTAs per SM, one gathers while the other
                 # multiplies. Decode keeps two stages: one stage measured slower for its rows
                 # (docs/notes/extend.md).
                 stages = 1
-            if fp8 and head_block == 16:
+            if fp8 and head_block <= 16:
                 # records go global -> registers while the tile before is multiplied (no raw
                 # smem), one warpgroup, one K stage: 95 KB, so two CTAs share an SM and each fills
                 # the other's serial chain. 32 heads do not fit it (128 O^T accumulators + the

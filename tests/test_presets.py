@@ -22,7 +22,7 @@ MODEL_PRESETS = {
     "glm-5-tp4": ("GLM-5", 16, "fp8_ds_mla", 32),
 }
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
-COMPONENT_PRESETS = {"sparse-mla-all": 16, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
+COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
                      "dcp-topk": 2, "indexer-all": 54}
 
 

@@ -13,7 +13,7 @@ from .sparse_mla_cases import Case, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
-HEADS = (16, 32, 64, 128)
+HEADS = (8, 16, 32, 64, 128)
 FORMATS = ("fp8_ds_mla", "bf16")
 
 
@@ -36,7 +36,7 @@ def test_lse_base2_and_sink(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("heads", (16, 128))
+@pytest.mark.parametrize("heads", (8, 16, 128))
 def test_edge_cases(kv_format, heads):
     case = random_case(6, heads, 512, kv_format, seed=3, invalid_frac=0.3)
     case.lengths[1] = 0                  # zero-length row: out 0, lse -inf
@@ -50,7 +50,7 @@ def test_edge_cases(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("heads", (16, 128))
+@pytest.mark.parametrize("heads", (8, 16, 128))
 @pytest.mark.parametrize("num_sms", (132, 32, 16))
 def test_both_combine_kernels(kv_format, heads, num_sms):
     """Few splits (<= COMBINE_FEW_SPLITS) run "combine", more run "combine_many_splits"; plans for

@@ -10,7 +10,7 @@ from .sparse_mla_cases import Case, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
-HEADS = (16, 32, 64, 128)
+HEADS = (8, 16, 32, 64, 128)
 FORMATS = ("fp8_ds_mla", "bf16")
 
 

@@ -13,7 +13,7 @@ from .sparse_mla_cases import Case, check, random_case, random_kv, run_ours
 
 pytestmark = pytest.mark.gpu
 
-HEADS = (16, 32, 64, 128)
+HEADS = (8, 16, 32, 64, 128)
 FORMATS = ("fp8_ds_mla", "bf16")
 MODES = ("decode", "extend")
 INT32_MAX, INT32_MIN = 2**31 - 1, -2**31
