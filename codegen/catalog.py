@@ -101,8 +101,8 @@ class ServedModel:
 
 # The indexer is replicated over tensor-parallel ranks (its heads are not sharded), so every
 # degree of a model runs the same indexer.
-DEEPSEEK_V32 = ServedModel("DeepSeek-V3.2", "deepseek-v3.2", heads_tp1=128, index_heads=64, degrees=(1, 2, 4, 8))
-GLM5 = ServedModel("GLM-5", "glm-5", heads_tp1=64, index_heads=32, degrees=(1, 2, 4))
+DEEPSEEK_V32 = ServedModel("DeepSeek-V3.2", "deepseek-v3.2", heads_tp1=128, index_heads=64, degrees=(1, 2, 4, 8, 16))
+GLM5 = ServedModel("GLM-5", "glm-5", heads_tp1=64, index_heads=32, degrees=(1, 2, 4, 8))
 
 
 def model_preset(m: ServedModel, tp: int, kv_format: str = "fp8_ds_mla", suffix: str = "") -> Preset:

@@ -20,6 +20,8 @@ MODEL_PRESETS = {
     "glm-5-tp1": ("GLM-5", 64, "fp8_ds_mla", 32),
     "glm-5-tp2": ("GLM-5", 32, "fp8_ds_mla", 32),
     "glm-5-tp4": ("GLM-5", 16, "fp8_ds_mla", 32),
+    "glm-5-tp8": ("GLM-5", 8, "fp8_ds_mla", 32),
+    "deepseek-v3.2-tp16": ("DeepSeek-V3.2", 8, "fp8_ds_mla", 64),
 }
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
 COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
