@@ -44,7 +44,7 @@ from . import scratch as _scratch
 from .plan import Plan, module_bind, renamed_fields, spelled
 from .device import device_arch, num_sms as device_num_sms
 from .errors import InputError
-from .validate import check_tensor, require
+from .validate import check_cuda_anchor, check_tensor, require
 
 PAGE = 64
 INDEX_DIM = 128
@@ -191,6 +191,9 @@ class IndexerPlan(Plan):
             require(active_width is None, "max_len: expected None when active_width is given (max_len is its old name)")
             active_width = max_len
         caps = plan.caps
+        # scratch sets the call's device: a CPU scratch beside CUDA inputs is named as such
+        check_cuda_anchor("scratch", scratch, lengths, q, weights, block_table, starts, active_width, logits,
+                          indices, scores)
         _scratch.check(scratch, plan.scratch_bytes(), None)
         dev = scratch.device
         check_tensor("lengths", lengths, dtype=torch.int32, ndim=1, contiguous=True, device=dev, align=4)

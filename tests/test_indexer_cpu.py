@@ -259,6 +259,18 @@ def test_bind_rejects_bad_tensors(plan, mutate, match):
         ix.bind(plan, scratch=_scratch(plan), **d)
 
 
+def test_bind_names_scratch_when_only_it_is_off_cuda(plan):
+    """scratch sets the call's device: a CPU scratch beside CUDA inputs is named, not the first
+    input compared with its device. (Fake CUDA tensors: bind only reads their metadata.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        on_cuda = {k: torch.zeros(v.shape, dtype=v.dtype, device="cuda") if isinstance(v, torch.Tensor) else v
+                   for k, v in _inputs().items()}
+    with pytest.raises(InputError, match=r"^scratch: expected a CUDA tensor, got device cpu \(the other inputs are on cuda"):
+        ix.bind(plan, scratch=_scratch(plan), **on_cuda)
+
+
 def test_bind_rejects_small_scratch(plan):
     with pytest.raises(InputError, match=r"scratch: expected at least \d+ bytes \(plan.scratch_bytes\(\)\), got 16"):
         ix.bind(plan, scratch=torch.empty(16, dtype=torch.uint8), **_inputs())
