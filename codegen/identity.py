@@ -23,19 +23,20 @@ TEMPLATE_GLOB = "**/*.j2"
 CUTE_BLOCKS_DIR = PACKAGE_DIR / "cute_blocks"
 
 
-def hash_files(paths: list[Path]) -> str:
+def hash_files(paths, root: Path) -> str:
+    """sha256 over files, each named by its path relative to `root`, in that order."""
     h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.name.encode())
+    for rel in sorted(Path(p).relative_to(root).as_posix() for p in paths):
+        h.update(rel.encode())
         h.update(b"\0")
-        h.update(p.read_bytes())
+        h.update((root / rel).read_bytes())
         h.update(b"\0")
     return h.hexdigest()
 
 
 @lru_cache(maxsize=1)
 def cute_blocks_hash() -> str:
-    return hash_files(list(CUTE_BLOCKS_DIR.rglob("*.py")) if CUTE_BLOCKS_DIR.is_dir() else [])
+    return hash_files(CUTE_BLOCKS_DIR.rglob("*.py") if CUTE_BLOCKS_DIR.is_dir() else [], CUTE_BLOCKS_DIR)
 
 
 def digest_text(text: str) -> str:
@@ -56,13 +57,7 @@ def can_render() -> bool:
 
 def templates_digest(root: Path = TEMPLATES_DIR) -> str:
     """sha256 over every template file (relative path and bytes)."""
-    h = hashlib.sha256()
-    for p in sorted(root.glob(TEMPLATE_GLOB), key=lambda p: p.relative_to(root).as_posix()):
-        h.update(p.relative_to(root).as_posix().encode())
-        h.update(b"\0")
-        h.update(p.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
+    return hash_files(root.glob(TEMPLATE_GLOB), root)
 
 
 def index_json(sources: dict[str, str], templates_sha256: str) -> str:

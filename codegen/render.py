@@ -41,7 +41,7 @@ def _template_closure(template: str) -> set[str]:
 def template_hash(template: str) -> str:
     """Hash of the template and of what it includes: editing one family's template leaves the
     other families' artifact keys alone."""
-    return hash_files([TEMPLATES_DIR / t for t in _template_closure(template)])
+    return hash_files([TEMPLATES_DIR / t for t in _template_closure(template)], TEMPLATES_DIR)
 
 
 def header(spec: KernelSpec) -> str:
