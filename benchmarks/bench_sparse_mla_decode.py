@@ -74,7 +74,10 @@ def main() -> int:
                     help="index row width (a multiple of 64 up to 8192; the peer runs only at 2048)")
     ap.add_argument("--caps-topk", type=int, default=None,
                     help="Caps.topk of the plan (default: --topk), e.g. 8192 for the sparse-mla-wide specs")
+    ap.add_argument("--formats", default="fp8_ds_mla,bf16", help="KV formats of ours to time (comma-separated)")
+    ap.add_argument("--no-peer", action="store_true", help="skip FlashMLA (e.g. a second variant of ours in the same run)")
     args = ap.parse_args()
+    formats = args.formats.split(",")
     batches = (1, 128) if args.quick else (1, 4, 8, 32, 128)
     heads_list = (16, 128) if args.quick else (16, 32, 64, 128)
     batches = tuple(map(int, args.batches.split(","))) if args.batches else batches
@@ -93,9 +96,10 @@ def main() -> int:
                             torch.randint(0, slots, (batch, TOPK), device="cuda", generator=g, dtype=torch.int32),
                             torch.full((batch,), TOPK, device="cuda", dtype=torch.int32)) for _ in range(SETS)]
             r = {"batch": batch, "heads": heads, "topk": TOPK}
-            r["ours_fp8_us"] = bench_ours(sets["fp8_ds_mla"], heads, "fp8_ds_mla", pools["fp8_ds_mla"])
-            r["peer_fp8_us"] = bench_peer(sets["fp8_ds_mla"], pools["fp8_ds_mla"]) if TOPK == 2048 else None
-            r["ours_bf16_us"] = bench_ours(sets["bf16"], heads, "bf16", pools["bf16"])
+            nan = float("nan")
+            r["ours_fp8_us"] = bench_ours(sets["fp8_ds_mla"], heads, "fp8_ds_mla", pools["fp8_ds_mla"]) if "fp8_ds_mla" in formats else nan
+            r["peer_fp8_us"] = bench_peer(sets["fp8_ds_mla"], pools["fp8_ds_mla"]) if TOPK == 2048 and not args.no_peer else None
+            r["ours_bf16_us"] = bench_ours(sets["bf16"], heads, "bf16", pools["bf16"]) if "bf16" in formats else nan
             for f, key in (("fp8_ds_mla", "ours_fp8_us"), ("bf16", "ours_bf16_us")):
                 flops, nbytes = problem_size(batch, heads, f)
                 tag = "fp8" if f == "fp8_ds_mla" else "bf16"
