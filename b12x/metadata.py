@@ -87,3 +87,62 @@ def decode_active_width(buffer: torch.Tensor, *, max_seq_len: int, compress_rati
     value = exact if exact is not None else graph_stable_active_width(max_seq_len, compress_ratio)
     write_active_width(buffer, value)
     return value
+
+
+class CompressedEntries:
+    """The extra (compressed) list of a DeepSeek-V4 C128 layer: every compressed entry of each
+    row, in order, as flat slots of the extra cache, and the row's entry count. A row of L tokens
+    has floor(L / compress_ratio) entries (the completed groups, as the engine's compressed
+    lengths count them); entry j of row r lives in page `block_table[r, j // page]` at offset
+    `j % page`. Counts above `width` are clamped to it; positions past a row's count are -1.
+
+    Built once per (max_rows, width, page, ratio, device) with its buffers; `fill` runs on the
+    current stream with preallocated outputs only: no allocation, no host sync, safe under CUDA
+    graph capture and replay. Engine sequence:
+
+        entries = CompressedEntries(max_rows=256, width=8192, page=2, device="cuda")
+        entries.fill(seq_lens, block_table, out_indices, out_lengths)   # every step, in the graph
+    """
+
+    def __init__(self, *, max_rows: int, width: int, page: int, compress_ratio: int = 128,
+                 device: torch.device | str = "cuda"):
+        for name, v in (("max_rows", max_rows), ("width", width), ("page", page), ("compress_ratio", compress_ratio)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        self.max_rows, self.width, self.page, self.compress_ratio = max_rows, width, page, compress_ratio
+        self.device = torch.device(device)
+        pos = torch.arange(width, dtype=torch.int32, device=self.device)
+        self._pos = pos
+        self._page_of = (pos // page).long()           # the block-table column of each position
+        self._offset = pos % page
+        self.table_columns = -(-width // page)        # block-table columns a full row reads
+        self._pages = torch.empty(max_rows, width, dtype=torch.int32, device=self.device)
+        self._past = torch.empty(max_rows, width, dtype=torch.bool, device=self.device)
+
+    def fill(self, seq_lens: torch.Tensor, block_table: torch.Tensor, out_indices: torch.Tensor,
+             out_lengths: torch.Tensor) -> None:
+        """seq_lens [rows] int32 (tokens) and block_table [rows, >= table_columns] int32 of the
+        extra cache -> out_indices [rows, width] int32 and out_lengths [rows] int32."""
+        from .validate import check_tensor, require
+
+        dev = self.device
+        check_tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1, device=dev)
+        rows = seq_lens.shape[0]
+        require(rows <= self.max_rows, f"seq_lens: expected at most max_rows = {self.max_rows} rows, got {rows}")
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev)
+        require(block_table.shape[0] == rows,
+                f"block_table: expected {rows} rows (as seq_lens), got {block_table.shape[0]}")
+        require(block_table.shape[1] >= self.table_columns,
+                f"block_table: expected at least {self.table_columns} columns (width {self.width} / page "
+                f"{self.page}), got {block_table.shape[1]}")
+        check_tensor("out_indices", out_indices, dtype=torch.int32, shape=(rows, self.width), contiguous=True, device=dev)
+        check_tensor("out_lengths", out_lengths, dtype=torch.int32, shape=(rows,), device=dev)
+        torch.div(seq_lens, self.compress_ratio, rounding_mode="floor", out=out_lengths)
+        out_lengths.clamp_(0, self.width)
+        pages = self._pages[:rows]
+        torch.index_select(block_table, 1, self._page_of, out=pages)
+        torch.mul(pages, self.page, out=out_indices)
+        out_indices.add_(self._offset)
+        past = self._past[:rows]
+        torch.ge(self._pos[None, :], out_lengths[:, None], out=past)
+        out_indices.masked_fill_(past, -1)
