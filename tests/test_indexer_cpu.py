@@ -429,10 +429,19 @@ def test_rendered_kernels_use_the_active_width_as_entries():
              IndexerTopKSpec(num_heads=64, compress_ratio=4), IndexerTopKSpec(num_heads=16, compress_ratio=128,
                                                                                 arch="sm_120a")]
     for spec in specs:
-        # the module's code and that of the building blocks it imports (codegen/cute_blocks/...)
-        text = render(spec)
-        for mod in sorted(set(re.findall(r"^from (codegen\.cute_blocks\.[\w.]+) import", text, re.M))):
-            text += "\n" + (ROOT / (mod.replace(".", "/") + ".py")).read_text()
+        # the module's code and that of the building blocks it imports (codegen/cute_blocks/...),
+        # transitively: a kernel block may take a shared piece from another block
+        text, todo, seen = render(spec), [], set()
+        todo += re.findall(r"^from (codegen\.cute_blocks\.[\w.]+) import", text, re.M)
+        while todo:
+            mod = todo.pop()
+            if mod in seen:
+                continue
+            seen.add(mod)
+            block = (ROOT / (mod.replace(".", "/") + ".py")).read_text()
+            text += "\n" + block
+            package = mod.rsplit(".", 1)[0]
+            todo += [package + "." + m for m in re.findall(r"^from \.(\w+) import", block, re.M)]
         reads = [ln.strip() for ln in text.splitlines() if "ActiveWidth[0]" in ln]
         assert reads, f"{spec.name}: reads the active-width buffer"
         for ln in reads:

@@ -10,11 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CONTROL = re.compile(r"\{%-?\s*(if|elif|else|endif|for|endfor|include|macro|set)\b")
 DEF = re.compile(r"^(\s*)(?:async\s+)?def\s")
-# Converted templates: the rule holds. The logits and fused templates still branch on the arch,
-# the mode and the scores inside their kernels (see the issue "The generator's axes made real").
-CONVERTED = ["topk.py.j2"]
-NOT_YET = ["indexer_logits.py.j2", "indexer_topk_fused.py.j2"]
-
+# Every indexer template follows the rule; NOT_YET names one that does not yet (none now).
+CONVERTED = ["indexer_logits.py.j2", "indexer_topk_fused.py.j2", "topk.py.j2"]
+NOT_YET: list[str] = []
 
 def control_lines_in_function_bodies(text: str) -> list[int]:
     """Line numbers (1-based) of jinja control statements inside a `def` body. A body runs from
@@ -51,14 +49,23 @@ def test_no_jinja_control_inside_function_bodies(name):
     assert not [ln for ln in text.splitlines() if DEF.match(ln) and "{%" in ln], name
 
 
-def test_not_yet_converted_templates_are_listed():
-    """Every indexer template is either converted or listed as not yet; the listed ones still
-    have what they are listed for (drop them from NOT_YET once converted)."""
+def test_every_indexer_template_is_listed():
+    """Every indexer template is either converted or listed as not yet; a listed one still has
+    what it is listed for (drop it from NOT_YET once converted)."""
     names = {p.name for p in (ROOT / "templates").glob("*.j2")
              if p.name.startswith(("indexer", "topk"))}
     assert names == set(CONVERTED) | set(NOT_YET)
     for name in NOT_YET:
         assert control_lines_in_function_bodies((ROOT / "templates" / name).read_text()), name
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_templates_choose_blocks(name):
+    """A converted template holds no kernel: its classes only pick building blocks and pass the
+    spec on (no @cute.kernel, and the kernels it names come from codegen/cute_blocks/indexer)."""
+    text = (ROOT / "templates" / name).read_text()
+    assert "@cute.kernel" not in text and "@cute.jit" not in text, name
+    assert "from codegen.cute_blocks.indexer." in text, name
 
 
 def test_indexer_blocks_are_plain_python():
