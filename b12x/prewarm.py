@@ -29,7 +29,7 @@ import torch
 
 from codegen.catalog import DcpConfig, IndexerConfig, ModelConfig, get_preset
 from codegen.indexer_specs import TOPK_WIDTH_MAX
-from codegen.specs import KernelSpec
+from codegen.specs import KernelSpec, SparseMLASpec
 
 from . import dcp as _dcp
 from . import indexer as _indexer
@@ -76,10 +76,10 @@ def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
     """Small random inputs that touch one page; every launch really runs."""
     caps = p.caps
     g = torch.Generator(device=device).manual_seed(0)
-    q = torch.randn(rows, caps.num_heads, sparse_mla.Q_DIM, device=device, dtype=torch.bfloat16, generator=g)
+    q = torch.randn(rows, caps.num_heads, caps.q_head_dim, device=device, dtype=torch.bfloat16, generator=g)
     idx = torch.randint(0, 64, (rows, caps.topk), device=device, dtype=torch.int32, generator=g)
     lengths = torch.full((rows,), caps.topk, device=device, dtype=torch.int32)
-    dtype, last = sparse_mla._KV_LAST[caps.kv_format]
+    dtype, last = sparse_mla.kv_token(caps.kv_format, caps.kv_lora_rank, caps.rope_dim)
     kv = torch.zeros(1, 64, last, device=device, dtype=dtype)
     return q, idx, lengths, kv
 
@@ -254,7 +254,7 @@ def preset_bundle(name: str, *, arch: str, num_sms: int, max_rows: int | None = 
     dcp_caps = None
     for cfg in preset.configs:
         if isinstance(cfg, ModelConfig):
-            mla.append(PrewarmKey(sparse_mla.Q_DIM, 512, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch))
+            mla.append(PrewarmKey(SparseMLASpec.q_head_dim, SparseMLASpec.kv_lora_rank, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch))
         elif isinstance(cfg, IndexerConfig):
             shapes = [("paged", c) for c in cfg.compress_ratios] + [("contiguous", 1)]
             ix += [_indexer.Caps(num_heads=cfg.num_heads, topk=cfg.topk, compress_ratio=c, mode=mode,

@@ -63,7 +63,15 @@ def register_family(cls: type[KernelSpec]) -> type[KernelSpec]:
 
 
 SPARSE_MLA_HEADS = (8, 16, 32, 64, 128)
-KV_FORMATS = ("fp8_ds_mla", "bf16")
+# The head-dim sets each KV format serves, as (q_head_dim, kv_lora_rank, rope_dim, v_head_dim):
+# q and K are kv_lora_rank NoPE dims then rope_dim RoPE dims, V the first v_head_dim dims of K.
+# A format's record layout follows from them (codegen/cute_blocks/sparse_mla/kv_layout.py).
+SPARSE_MLA_HEAD_DIMS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "fp8_ds_mla": ((576, 512, 64, 512),),     # DeepSeek-V3.2, GLM-5
+    "bf16": ((576, 512, 64, 512),),
+}
+KV_FORMATS = tuple(SPARSE_MLA_HEAD_DIMS)
+_HEAD_DIM_FIELDS = ("q_head_dim", "kv_lora_rank", "rope_dim", "v_head_dim")
 SPARSE_MLA_MODES = ("decode", "extend")
 MAX_TOPK = 8192   # the widest index row a sparse MLA spec may serve (DeepSeek-V4 C128 at 1M context)
 
@@ -92,26 +100,42 @@ class SparseMLASpec(KernelSpec):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        _require(c, "kv_lora_rank", self.kv_lora_rank, self.kv_lora_rank == 512, "512")
-        _require(c, "rope_dim", self.rope_dim, self.rope_dim == 64, "64")
-        _require(c, "q_head_dim", self.q_head_dim, self.q_head_dim == self.kv_lora_rank + self.rope_dim,
-                 "kv_lora_rank + rope_dim (576)")
-        _require(c, "v_head_dim", self.v_head_dim, self.v_head_dim == self.kv_lora_rank, "kv_lora_rank (512)")
+        _require(c, "kv_format", self.kv_format, self.kv_format in KV_FORMATS, ", ".join(KV_FORMATS))
+        self._check_head_dims(c)
         _require(c, "num_heads", self.num_heads, self.num_heads in SPARSE_MLA_HEADS,
                  ", ".join(map(str, SPARSE_MLA_HEADS)))
         _require(c, "topk", self.topk, isinstance(self.topk, int) and 64 <= self.topk <= MAX_TOPK and self.topk % 64 == 0,
                  f"a multiple of 64 in [64, {MAX_TOPK}]")
-        _require(c, "kv_format", self.kv_format, self.kv_format in KV_FORMATS, ", ".join(KV_FORMATS))
         _require(c, "page_size", self.page_size, self.page_size == 64, "64")
         _require(c, "mode", self.mode, self.mode in SPARSE_MLA_MODES, ", ".join(SPARSE_MLA_MODES))
         _require(c, "arch", self.arch, self.arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+
+    def _check_head_dims(self, c: str) -> None:
+        """The head dims must be one of the kv_format's sets (SPARSE_MLA_HEAD_DIMS). The fields
+        are checked in order, each against the values of the sets that match the fields before
+        it, so the error names the first field that leaves no set and what it could be."""
+        sets = SPARSE_MLA_HEAD_DIMS[self.kv_format]
+        for i, f in enumerate(_HEAD_DIM_FIELDS):
+            value = getattr(self, f)
+            allowed = sorted({d[i] for d in sets})
+            _require(c, f, value, value in allowed,
+                     ", ".join(map(str, allowed)) + f" (kv_format {self.kv_format!r})")
+            sets = tuple(d for d in sets if d[i] == value)
+
+    def tiling(self) -> dict:
+        """codegen.tiling.decode_tiling for this spec: its tiles, threads and shared memory."""
+        from .cute_blocks.sparse_mla.kv_layout import kv_record
+        from .tiling import decode_tiling
+
+        return decode_tiling(self.num_heads, self.kv_format, self.arch, self.mode, d_qk=self.q_head_dim,
+                             record_bytes=kv_record(self.kv_format, self.kv_lora_rank, self.rope_dim).bytes)
 
     @property
     def name(self) -> str:
         return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}_{self.arch}"
 
     def template_context(self) -> dict:
-        from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, decode_tiling
+        from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
 
         return {
             "combine_few_splits": COMBINE_FEW_SPLITS,
@@ -121,7 +145,13 @@ class SparseMLASpec(KernelSpec):
             "topk": self.topk,
             "arch": self.arch,
             "mode": self.mode,
-            "tile": decode_tiling(self.num_heads, self.kv_format, self.arch, self.mode),
+            # the head dims: q and K are d_nope NoPE dims then d_rope RoPE dims (d_qk), V the
+            # first d_v dims of K
+            "d_qk": self.q_head_dim,
+            "d_nope": self.kv_lora_rank,
+            "d_rope": self.rope_dim,
+            "d_v": self.v_head_dim,
+            "tile": self.tiling(),
         }
 
 

@@ -1,16 +1,11 @@
 """Tile parameters for the generated kernels (pure Python: no cutlass import).
 
-`decode_tiling` feeds templates/sparse_mla_decode.py.j2 as the `tile` variable.
+`decode_tiling` feeds templates/sparse_mla_decode.py.j2 as the `tile` variable (through
+SparseMLASpec.tiling, which passes the spec's head dims and KV record size).
 """
 
 # Largest dynamic shared memory one CTA may use (bytes).
 _SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
-
-_Q_DIM = 576      # 512 latent (NoPE) + 64 RoPE
-_V_DIM = 512
-
-
-_FP8_RECORD = 656  # fp8_ds_mla bytes per token
 
 # sm_90a 64-head blocks on wgmma (see decode_tiling). Switch for the experimental path.
 WGMMA_ENABLED = True
@@ -48,29 +43,32 @@ def _align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def _smem_bytes(head_block: int, tile_tokens: int, stages: int, warps_n: int, raw_stages: int = 0,
-                p_in_rope: bool = False) -> int:
+def _smem_bytes(d_qk: int, record_bytes: int, head_block: int, tile_tokens: int, stages: int, warps_n: int,
+                raw_stages: int = 0, p_in_rope: bool = False) -> int:
     # (P in the RoPE block needs HEAD_BLOCK <= 64: the block is TILE_TOKENS x 64)
-    q = _align(head_block * _Q_DIM * 2, 1024)
-    kv = _align(stages * tile_tokens * _Q_DIM * 2, 1024)
+    q = _align(head_block * d_qk * 2, 1024)
+    kv = _align(stages * tile_tokens * d_qk * 2, 1024)
     p = 0 if p_in_rope else _align(head_block * tile_tokens * 2, 1024)
-    raw = _align(raw_stages * tile_tokens * _FP8_RECORD, 1024)
+    raw = _align(raw_stages * tile_tokens * record_bytes, 1024)
     bias_slots = raw_stages + 1 if raw_stages else stages
     small = bias_slots * tile_tokens * 4 + warps_n * head_block * 4
     # big members are 1024-byte aligned; small ones are 16-byte aligned
     return q + kv + p + raw + small + 512
 
 
-def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode") -> dict:
+def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode", *, d_qk: int,
+                  record_bytes: int) -> dict:
     """Tile parameters for the sparse MLA kernels (decode split and extend share the template).
+    d_qk: the dims of a q / K row (bf16 in shared memory); record_bytes: one token's record in
+    the cache (raw fp8 stages hold them as they are).
 
     head_block:  heads per CTA; the MMA M dimension (16 per warp row).
     tile_tokens: gathered tokens per pipeline stage (online-softmax step).
     warps_m:     head_block // 16 warps along heads.
-    warps_n:     warps along tokens for S = Q K^T and along the 512 value dims for O = P V.
+    warps_n:     warps along tokens for S = Q K^T and along the value dims for O = P V.
     stages:      shared-memory bf16 K tiles (bf16 KV: 2, the gather of tile t+1 overlaps the
                  math of tile t; fp8 KV: 1, the raw records are what is double/triple buffered).
-    raw_stages:  fp8 KV only: tiles of raw 656-byte records in flight (cp.async into smem,
+    raw_stages:  fp8 KV only: tiles of raw records in flight (cp.async into smem,
                  dequantised smem -> smem right before their math). 0 for bf16 KV.
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
     wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
@@ -79,9 +77,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  64x64x16), and O[:, 256g:256g+256] += P V with wgmma 64x256x16, P from
                  smem). False: warp-level mma.sync m16n8k16 + ldmatrix.
     heads_as_n:  sm_90a, 16/32-head blocks listed in HEADS_AS_N: wgmma with the operands
-                 swapped, S^T = K Q^T (64 tokens x heads) and O^T = V^T P^T (512 dims x
+                 swapped, S^T = K Q^T (64 tokens x heads) and O^T = V^T P^T (d_v dims x
                  heads), so 16 or 32 heads fill N instead of padding M to 64. warps_n counts
-                 warpgroups here: warpgroup 0 runs S^T and the softmax, each holds 512 / warps_n
+                 warpgroups here: warpgroup 0 runs S^T and the softmax, each holds d_v / warps_n
                  value dims of O^T.
     fp8_regs:    fp8 at 16 heads as N, and the producer form: records go global -> registers,
                  fp16 MMA operands.
@@ -151,7 +149,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
-    smem = _smem_bytes(head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages, p_in_rope)
+    smem = _smem_bytes(d_qk, record_bytes, head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages,
+                       p_in_rope)
     # 64-head wgmma blocks (fp8 in the producer form, bf16): warpgroup 0 computes S over the
     # whole tile and the softmax, warpgroup 1 only adds P V for its value columns
     s_one_warpgroup = wgmma and head_block == 64 and not heads_as_n and (producer or not fp8)

@@ -60,3 +60,26 @@ def test_sparse_mla_topk_up_to_8192_and_the_split_cap():
             assert 1 <= s <= MAX_SPLITS and s * tokens >= width
     assert "MAX_SPLITS = 32" in render(SparseMLASpec(topk=8192))
     assert "MAX_SPLITS = 4" in render(SparseMLASpec(topk=256))
+
+
+@pytest.mark.parametrize("dims,field,allowed", [
+    (dict(q_head_dim=512, kv_lora_rank=448), "q_head_dim", "576"),            # DeepSeek-V4: not served yet
+    (dict(rope_dim=128), "rope_dim", "64"),
+    (dict(v_head_dim=576), "v_head_dim", "512"),
+    (dict(kv_format="bf16", kv_lora_rank=448), "kv_lora_rank", "512"),
+])
+def test_head_dims_outside_the_format_table_name_the_field(dims, field, allowed):
+    with pytest.raises(SpecError) as e:
+        SparseMLASpec(**dims)
+    assert e.value.field == field
+    fmt = dims.get("kv_format", "fp8_ds_mla")
+    assert f"SparseMLASpec.{field}" in str(e.value) and allowed in str(e.value) and fmt in str(e.value)
+
+
+def test_head_dim_table_covers_every_format():
+    from codegen.specs import KV_FORMATS, SPARSE_MLA_HEAD_DIMS
+
+    assert set(SPARSE_MLA_HEAD_DIMS) == set(KV_FORMATS)
+    for sets in SPARSE_MLA_HEAD_DIMS.values():
+        for q, nope, rope, v in sets:
+            assert q == nope + rope and v <= q

@@ -21,21 +21,21 @@ from typing import Optional
 
 import torch
 
+from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SparseMLASpec
-from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, decode_tiling
+from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
 
 from .. import registry
 from .. import scratch as _scratch
 from ..plan import Plan, module_bind, renamed_fields, spelled
 from ..device import device_arch, num_sms as device_num_sms
 from ..errors import InputError
-from ..reference import FP8_RECORD, NOPE, PAGE
+from ..reference import PAGE
 from ..validate import check_cuda_anchor, check_tensor, require
 
-Q_DIM = 576
 LOG2E = 1.0 / math.log(2.0)
 MODES = ("decode", "extend")
-_KV_LAST = {"fp8_ds_mla": (torch.uint8, FP8_RECORD), "bf16": (torch.bfloat16, Q_DIM)}
+_KV_DTYPES = {"uint8": torch.uint8, "bfloat16": torch.bfloat16}
 
 
 @renamed_fields(max_batched="max_rows")
@@ -53,10 +53,13 @@ class Caps:
     kv_lora_rank: int = 512
     arch: Optional[str] = None    # None: the current CUDA device's
     num_sms: Optional[int] = None  # None: the current CUDA device's
+    rope_dim: int = 64            # q is kv_lora_rank NoPE dims then rope_dim RoPE dims
+    v_head_dim: int = 512         # out: V is the first v_head_dim dims of K
 
     def spec(self, arch: str) -> SparseMLASpec:
-        return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, num_heads=self.num_heads,
-                             topk=self.topk, kv_format=self.kv_format, mode=self.mode, arch=arch)
+        return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
+                             v_head_dim=self.v_head_dim, num_heads=self.num_heads, topk=self.topk,
+                             kv_format=self.kv_format, mode=self.mode, arch=arch)
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
@@ -134,21 +137,21 @@ def plan(caps: Caps) -> SparseMLAPlan:
     require(isinstance(caps.max_rows, int) and caps.max_rows >= 1,
             f"Caps.{spelled(caps, 'max_rows')}: expected an int >= 1, got {caps.max_rows!r}")
     sms = caps.num_sms or device_num_sms()
-    tile = decode_tiling(caps.num_heads, caps.kv_format, arch, caps.mode)
+    tile = spec.tiling()
     # decode may hand one-split calls to the extend kernel where extend runs the same tile loop,
     # or the 64-head producer form (fp8 at 32 heads: faster for whole rows than decode's tiles)
-    ext_tile = decode_tiling(caps.num_heads, caps.kv_format, arch, "extend")
+    ext_tile = replace(spec, mode="extend").tiling()
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
-    h, rows = caps.num_heads, caps.max_rows
-    layout = [("out", torch.bfloat16, rows * h * NOPE), ("lse", torch.float32, rows * h)]
+    h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
+    layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     if caps.mode == "decode":
         # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
         head_blocks = -(-h // head_block)
         partial_rows = max(r * split_plan(r, caps.topk, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
         # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
         # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
-        layout = [("partial_o", torch.float16, partial_rows * h * NOPE),
+        layout = [("partial_o", torch.float16, partial_rows * h * d_v),
                   ("partial_lse", torch.float32, partial_rows * h)] + layout
     else:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
@@ -175,8 +178,8 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
           out: torch.Tensor | None, lse: torch.Tensor | None, num_rows: torch.Tensor | None) -> Binding:
     """SparseMLAPlan.bind."""
     caps = plan.caps
-    h = caps.num_heads
-    check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, Q_DIM), contiguous=True)
+    h, d_v = caps.num_heads, caps.v_head_dim
+    check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, caps.q_head_dim), contiguous=True)
     check_cuda_anchor("q", q, indices, lengths, scratch, out, lse, num_rows)
     rows = q.shape[0]
     dev = q.device
@@ -189,8 +192,8 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
     _scratch.check(scratch, plan.scratch_bytes(), dev)
     if out is None:
-        out = _scratch.view(scratch, plan.regions["out"], (rows, h, NOPE))
-    check_tensor("out", out, dtype=torch.bfloat16, shape=(rows, h, NOPE), contiguous=True, device=dev)
+        out = _scratch.view(scratch, plan.regions["out"], (rows, h, d_v))
+    check_tensor("out", out, dtype=torch.bfloat16, shape=(rows, h, d_v), contiguous=True, device=dev)
     if lse is None:
         lse = _scratch.view(scratch, plan.regions["lse"], (rows, h))
     check_tensor("lse", lse, dtype=torch.float32, shape=(rows, h), contiguous=True, device=dev, align=4)
@@ -203,15 +206,24 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     splits, tps = plan.splits(rows, width)
     return Binding(plan, q, indices, lengths, out, lse,
-                   _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, NOPE)),
+                   _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, d_v)),
                    _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
 
 
 bind = module_bind(SparseMLAPlan, Binding, __name__)
 
 
-def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device) -> None:
-    dtype, last = _KV_LAST[kv_format]
+def kv_token(kv_format: str, kv_lora_rank: int = SparseMLASpec.kv_lora_rank,
+             rope_dim: int = SparseMLASpec.rope_dim) -> tuple[torch.dtype, int]:
+    """(element dtype, elements per token) of a [blocks, page, record] cache of kv_format's
+    token record for these head dims."""
+    rec = kv_record(kv_format, kv_lora_rank, rope_dim)
+    return _KV_DTYPES[rec.dtype], rec.last_dim
+
+
+def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device, *,
+                   kv_lora_rank: int = SparseMLASpec.kv_lora_rank, rope_dim: int = SparseMLASpec.rope_dim) -> None:
+    dtype, last = kv_token(kv_format, kv_lora_rank, rope_dim)
     check_tensor("kv_cache", kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
     elem = kv_cache.element_size()
     require(kv_cache.stride(2) == 1 and kv_cache.stride(1) == last,
@@ -228,7 +240,7 @@ def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: fl
     q = binding.q
     require(p.caps.mode == mode, f"plan: expected a Caps(mode={mode!r}) plan for run_{mode}, got mode={p.caps.mode!r}")
     check_cuda_anchor("q", q, kv_cache, attn_sink)
-    check_kv_cache(kv_cache, p.caps.kv_format, q.device)
+    check_kv_cache(kv_cache, p.caps.kv_format, q.device, kv_lora_rank=p.caps.kv_lora_rank, rope_dim=p.caps.rope_dim)
     require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:

@@ -7,7 +7,6 @@ from cutlass import BFloat16, Float16, Float32, Int32, const_expr
 from .fragments import part_col
 from .softmax import LN_2, sink_scale, xor_allreduce
 
-D_V = 512
 # Splits one thread streams at most: more splits add 128-thread groups to the CTA (each with
 # its own loads in flight), whose sums meet in shared memory. The partials sit in L2, so load
 # latency, not bandwidth, bounds this kernel.
@@ -28,16 +27,18 @@ class SparseMlaCombine:
     split's last wave still runs and wait (griddepcontrol.wait) for the split grid to finish and
     flush, so the launch gap between the two kernels is hidden.
 
-    Config: num_heads; max_splits (splits per row: the planner never makes more than the
-    top-k's 64-token tiles or 32, so one lane per split holds every split's lse in a single
-    warp-wide load);
+    Config: num_heads; d_v (value dims of a head, 4 per thread); max_splits (splits per row: the
+    planner never makes more than the top-k's 64-token tiles or 32, so one lane per split holds
+    every split's lse in a single warp-wide load);
     few_splits (up to this many splits the early loads are clamped, codegen.tiling.
     COMBINE_FEW_SPLITS); many_splits (this entry point loads every split of a thread before the
     weights); part_block, when the partials are in wgmma O-fragment order (part_col), else None."""
 
-    def __init__(self, num_heads: int, max_splits: int, few_splits: int, many_splits: bool, part_block=None):
-        assert 1 <= max_splits <= 32
+    def __init__(self, num_heads: int, d_v: int, max_splits: int, few_splits: int, many_splits: bool,
+                 part_block=None):
+        assert 1 <= max_splits <= 32 and d_v % 4 == 0
         self.num_heads = num_heads
+        self.d_v = d_v
         self.max_groups = (max_splits + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
         self.part_block = part_block
         # splits per thread whose partial o is loaded before the weights are known
@@ -50,9 +51,9 @@ class SparseMlaCombine:
     @cute.jit
     def __call__(
         self,
-        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16, splits <= topk // 64
+        mPartO: cute.Tensor,      # [rows, splits, H, d_v] f16, splits <= topk // 64
         mPartLse: cute.Tensor,    # [rows, splits, H] f32
-        mO: cute.Tensor,          # [rows, H, 512] bf16
+        mO: cute.Tensor,          # [rows, H, d_v] bf16
         mLse: cute.Tensor,        # [rows, H] f32
         mSink: cute.Tensor,       # [H] f32
         has_sink: Int32,
@@ -62,8 +63,8 @@ class SparseMlaCombine:
         groups = (mPartLse.shape[1] + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
         grid = (self.num_heads, cute.size(mO.shape[0]), 1)
         self.kernel(mPartO, mPartLse, mO, mLse, mSink, has_sink, lse_natural).launch(
-            grid=grid, block=[(D_V // 4) * groups, 1, 1], stream=stream, use_pdl=True,
-            max_number_threads=[(D_V // 4) * self.max_groups, 1, 1],
+            grid=grid, block=[(self.d_v // 4) * groups, 1, 1], stream=stream, use_pdl=True,
+            max_number_threads=[(self.d_v // 4) * self.max_groups, 1, 1],
         )
 
     @cute.kernel
@@ -82,10 +83,10 @@ class SparseMlaCombine:
         lane = cute.arch.lane_idx()
         n_splits = mPartLse.shape[1]
         n_groups = (n_splits + SPLITS_PER_GROUP - 1) // SPLITS_PER_GROUP
-        dslot = tidx % (D_V // 4)                # this thread's 4 value dims
-        group = tidx // (D_V // 4)
+        dslot = tidx % (self.d_v // 4)           # this thread's 4 value dims
+        group = tidx // (self.d_v // 4)
         smem = cutlass.utils.SmemAllocator()
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((D_V, self.max_groups)), byte_alignment=16)
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((self.d_v, self.max_groups)), byte_alignment=16)
         cute.arch.griddepcontrol_wait()          # the split grid's partials are complete and visible
         # The partial o loads do not depend on the weights: this thread's first self.early
         # splits are loaded before the lse reduction, so the two L2 round trips overlap. (ptxas

@@ -7,29 +7,28 @@ from cutlass import Float32, const_expr
 
 from .barriers import BAR_TOTALS
 from .fragments import mn_view
-from .kv_format import D_V
 from .softmax import head_out_scale, quad_allreduce
 
 
 class StagedStore:
     """o assembled in shared memory, stored in 16-byte chunks. Config: head_block,
-    out_dtype, stage_pad, mma_threads, q_rows."""
+    out_dtype, stage_pad, mma_threads, q_rows, d_v."""
 
     def out_stage(self, storage):
-        """[HEAD_BLOCK, D_V] 16-bit view of the (then idle) K stages where the epilogue assembles
+        """[HEAD_BLOCK, d_v] 16-bit view of the (then idle) K stages where the epilogue assembles
         this CTA's o (fp16 partial in decode, bf16 out in extend), rows padded by 16 bytes so
         the fragment stores spread over the banks."""
         base = cute.recast_ptr(storage.sK.data_ptr(), dtype=self.out_dtype)
-        return cute.make_tensor(base, cute.make_layout((self.head_block, D_V), stride=(D_V + self.stage_pad, 1)))
+        return cute.make_tensor(base, cute.make_layout((self.head_block, self.d_v), stride=(self.d_v + self.stage_pad, 1)))
 
     @cute.jit
     def store_staged(self, sStage, gRows):
-        """Copy the staged o to its [HEAD_BLOCK, D_V] global rows in 16-byte chunks, consecutive
+        """Copy the staged o to its [HEAD_BLOCK, d_v] global rows in 16-byte chunks, consecutive
         threads on consecutive chunks: whole sectors per store instead of the MMA fragments' 2-,
         4- and 8-byte pieces, which write partial sectors."""
         self.mma_sync()               # every thread's fragment is in sStage
         tidx, _, _ = cute.arch.thread_idx()
-        chunks = D_V // 8             # 16-byte chunks per head row
+        chunks = self.d_v // 8        # 16-byte chunks per head row
         rows_per_pass = self.mma_threads // chunks
         for i in cutlass.range_constexpr(self.head_block * chunks // self.mma_threads):
             if const_expr(i * rows_per_pass < self.q_rows):    # rows past the real heads are not stored
@@ -52,7 +51,7 @@ class RowsEpilogue(StagedStore):
         sm_scale_log2, sink=None,
     ):
         """Normalise O and write this CTA's o (OUT_DTYPE; staged in smem, or PART_PERMUTED) to
-        gRows [HEAD_BLOCK, D_V] and each head's lse to gLse [H]: decode's split partial with a
+        gRows [HEAD_BLOCK, d_v] and each head's lse to gLse [H]: decode's split partial with a
         base-2 lse, or extend's out, where sink = (has_sink, mSink, lse_natural) folds in the
         attention sink and picks the lse base (what combine does for a single split)."""
         cO = cute.make_identity_tensor((self.head_block, self.dims_per_warp))

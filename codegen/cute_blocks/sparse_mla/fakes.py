@@ -1,15 +1,16 @@
 """Fake arguments for compiling the sparse MLA kernels (cute.compile), symbolic in rows, width,
-cache blocks and splits."""
+cache blocks and splits; the head dims and the KV record come from the spec."""
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8
 
-from .kv_format import D_QK, D_V, FP8_RECORD, PAGE_SIZE
+from .kv_format import PAGE_SIZE
+from .kv_layout import kv_record
 
 
-def fake_partials(num_heads: int, rows, splits):
-    """[rows, splits, H, 512] fp16 partial o and [rows, splits, H] fp32 partial lse."""
+def fake_partials(num_heads: int, d_v: int, rows, splits):
+    """[rows, splits, H, d_v] fp16 partial o and [rows, splits, H] fp32 partial lse."""
     part_o = cute.runtime.make_fake_compact_tensor(
-        Float16, (rows, splits, num_heads, D_V), stride_order=(3, 2, 1, 0), assumed_align=16
+        Float16, (rows, splits, num_heads, d_v), stride_order=(3, 2, 1, 0), assumed_align=16
     )
     part_lse = cute.runtime.make_fake_compact_tensor(
         Float32, (rows, splits, num_heads), stride_order=(2, 1, 0), assumed_align=4
@@ -17,56 +18,58 @@ def fake_partials(num_heads: int, rows, splits):
     return part_o, part_lse
 
 
-def fake_outputs(num_heads: int, rows):
-    """[rows, H, 512] bf16 out, [rows, H] fp32 lse and the [H] fp32 sink."""
+def fake_outputs(num_heads: int, d_v: int, rows):
+    """[rows, H, d_v] bf16 out, [rows, H] fp32 lse and the [H] fp32 sink."""
     out = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (rows, num_heads, D_V), stride_order=(2, 1, 0), assumed_align=16
+        BFloat16, (rows, num_heads, d_v), stride_order=(2, 1, 0), assumed_align=16
     )
     lse = cute.runtime.make_fake_compact_tensor(Float32, (rows, num_heads), stride_order=(1, 0), assumed_align=4)
     sink = cute.runtime.make_fake_compact_tensor(Float32, (num_heads,), assumed_align=4)
     return out, lse, sink
 
 
-def fake_kv(kv_fp8: bool, blocks):
-    """A page-strided [blocks, 64, 656] u8 (fp8_ds_mla) or [blocks, 64, 576] bf16 cache."""
-    if kv_fp8:
+def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks):
+    """A page-strided [blocks, 64, record] cache of the format's record (kv_layout): u8 for
+    fp8_ds_mla (656 bytes), bf16 for bf16 (576 dims)."""
+    rec = kv_record(kv_format, d_nope, d_rope)
+    if rec.dtype == "uint8":
         return cute.runtime.make_fake_tensor(
-            Uint8, (blocks, PAGE_SIZE, FP8_RECORD), (cute.sym_int64(divisibility=16), FP8_RECORD, 1),
+            Uint8, (blocks, PAGE_SIZE, rec.last_dim), (cute.sym_int64(divisibility=16), rec.last_dim, 1),
             assumed_align=16,
         )
     return cute.runtime.make_fake_tensor(
-        BFloat16, (blocks, PAGE_SIZE, D_QK), (cute.sym_int64(divisibility=8), D_QK, 1),
+        BFloat16, (blocks, PAGE_SIZE, rec.last_dim), (cute.sym_int64(divisibility=8), rec.last_dim, 1),
         assumed_align=16,
     )
 
 
-def split_fakes(num_heads: int, kv_fp8: bool, extend: bool, tile_tokens: int):
+def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, d_nope: int, d_rope: int, d_v: int):
     """The attention kernel's arguments: q, kv, indices, lengths, then extend's out, lse, sink,
     row count and scalars, or decode's partials and scalars; then the stream."""
     rows = cute.sym_int32()
     width = cute.sym_int32()
     blocks = cute.sym_int32()
     q = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (rows, num_heads, D_QK), stride_order=(2, 1, 0), assumed_align=16
+        BFloat16, (rows, num_heads, d_nope + d_rope), stride_order=(2, 1, 0), assumed_align=16
     )
-    kv = fake_kv(kv_fp8, blocks)
+    kv = fake_kv(kv_format, d_nope, d_rope, blocks)
     indices = cute.runtime.make_fake_compact_tensor(
         Int32, (rows, width), stride_order=(1, 0), assumed_align=16
     )
     lengths = cute.runtime.make_fake_compact_tensor(Int32, (rows,), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if extend:
-        out, lse, sink = fake_outputs(num_heads, rows)
+        out, lse, sink = fake_outputs(num_heads, d_v, rows)
         num_rows = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
         return (q, kv, indices, lengths, out, lse, sink, num_rows, Float32(1.0), Int32(0), Int32(0), Int32(1), stream)
-    part_o, part_lse = fake_partials(num_heads, rows, cute.sym_int32())
+    part_o, part_lse = fake_partials(num_heads, d_v, rows, cute.sym_int32())
     return (q, kv, indices, lengths, part_o, part_lse, Float32(1.0), Int32(tile_tokens), stream)
 
 
-def combine_fakes(num_heads: int):
+def combine_fakes(num_heads: int, d_v: int):
     """The combine kernel's arguments: partials, out, lse, sink, has_sink, lse_natural, stream."""
     rows = cute.sym_int32()
-    part_o, part_lse = fake_partials(num_heads, rows, cute.sym_int32())
-    out, lse, sink = fake_outputs(num_heads, rows)
+    part_o, part_lse = fake_partials(num_heads, d_v, rows, cute.sym_int32())
+    out, lse, sink = fake_outputs(num_heads, d_v, rows)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (part_o, part_lse, out, lse, sink, Int32(0), Int32(0), stream)

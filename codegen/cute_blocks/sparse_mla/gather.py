@@ -10,7 +10,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .barriers import BAR_EMPTY, BAR_FULL
-from .kv_format import D_QK, FP8_RECORD, FP8_ROPE_OFF, FP8_SCALE_OFF, PAGE_SIZE, Fp8DsMlaDequant
+from .kv_format import PAGE_SIZE, Fp8DsMlaDequant
 
 
 @dsl_user_op
@@ -82,7 +82,8 @@ class GatherRows:
 
 
 class Bf16Gather(GatherRows):
-    """bf16 KV: each gathered row cp.async'd into the K stage, 16 bytes at a time."""
+    """bf16 KV: each gathered row cp.async'd into the K stage, 16 bytes at a time. Config:
+    d_qk."""
 
     @cute.jit
     def gather_bf16(self, mKV, sKs, sBias, stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots):
@@ -92,8 +93,8 @@ class Bf16Gather(GatherRows):
         for m in cutlass.range_constexpr(cute.size(rIdx)):
             slot = rIdx[m]
             if self.live_slot(slot, n_slots):
-                addr = self.row_address(mKV, slot, D_QK * 2)
-                gRow_chunks = cute.tiled_divide(self.gmem_vec(addr, BFloat16, D_QK), (8,))
+                addr = self.row_address(mKV, slot, self.d_qk * 2)
+                gRow_chunks = cute.tiled_divide(self.gmem_vec(addr, BFloat16, self.d_qk), (8,))
                 for k in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
                     src = gRow_chunks[None, tKcK[0, 0, k][1] // 8]
                     cute.copy(
@@ -115,7 +116,8 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
         """Registers for one tile of this thread's token rows: its 16 NoPE e4m3 of each 128-block,
         the 4 fp32 scales, its 8 bf16 of RoPE, and the row's slot (-1: masked)."""
         n = self.tile_tokens // self.rows_per_pass
-        return (cute.make_rmem_tensor((16, 4, n), cutlass.Float8E4M3FN), cute.make_rmem_tensor((4, n), Float32),
+        k = self.record.n_scales
+        return (cute.make_rmem_tensor((16, k, n), cutlass.Float8E4M3FN), cute.make_rmem_tensor((k, n), Float32),
                 cute.make_rmem_tensor((8, n), BFloat16), cute.make_rmem_tensor((n,), Int32))
 
     @cute.jit
@@ -125,11 +127,12 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
         rV, rS, rR, rSlot = regs
         rSlot[m] = slot                       # dequant_fp8_regs masks the row by the same bound
         if self.live_slot(slot, n_slots):
-            addr = self.row_address(mKV, slot, FP8_RECORD)
-            for k in cutlass.range_constexpr(4):
+            rec = self.record
+            addr = self.row_address(mKV, slot, rec.bytes)
+            for k in cutlass.range_constexpr(rec.n_scales):
                 cute.autovec_copy(self.gmem_vec(addr + (128 * k + 16 * q), cutlass.Float8E4M3FN, 16), rV[None, k, m])
-            cute.autovec_copy(self.gmem_vec(addr + FP8_SCALE_OFF, Float32, 4), rS[None, m])
-            cute.autovec_copy(self.gmem_vec(addr + (FP8_ROPE_OFF + 16 * q), BFloat16, 8), rR[None, m])
+            cute.autovec_copy(self.gmem_vec(addr + rec.scale_off, Float32, rec.n_scales), rS[None, m])
+            cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
 
     @cute.jit
     def load_fp8_regs(self, mKV, tKcK, rIdx, n_slots, regs):
@@ -153,7 +156,7 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
             r = tKcK[0, m, 0][0]
             live = self.live_slot(rSlot[m], n_slots)
             if live:
-                for k in cutlass.range_constexpr(4):
+                for k in cutlass.range_constexpr(self.record.n_scales):
                     self.store_dequant(rV[None, k, m], rS[k, m], tNs[None, m, k])
                 tRs[None, m, 0].store(rR[None, m].load().to(self.mma_dtype))
             else:
@@ -167,7 +170,7 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
     def prefetch_slot(self, mKV, slot, n_slots):
         """L2 prefetch of a record (nothing for a masked slot)."""
         if self.live_slot(slot, n_slots):
-            prefetch_l2(self.row_address(mKV, slot, FP8_RECORD), FP8_RECORD)
+            prefetch_l2(self.row_address(mKV, slot, self.record.bytes), self.record.bytes)
 
     @cute.jit
     def prefetch_first(self, mKV, mIdx, row, tok_begin, tok_end, n_slots, gtid, rPf):
@@ -258,24 +261,26 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
     # records staged raw in shared memory by cp.async
     @cute.jit
     def issue_fp8_raw(self, mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots):
-        """cp.async the 656-byte records of one tile into raw slot `slot`: 41 16-byte chunks per
-        record, chunk q + 8 j by the row's thread q. Masked rows issue nothing (bias -inf)."""
+        """cp.async the records of one tile into raw slot `slot` (656 bytes: 41 16-byte chunks),
+        chunk q + 8 j by the row's thread q. Masked rows issue nothing (bias -inf)."""
         self.write_bias(sBias, slot, tKcK, rIdx, n_slots)
         atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint8, num_bits_per_copy=128,
         )
         q = self.col_slot(tKcK)
+        record_bytes = self.record.bytes
+        chunks = record_bytes // 16
         for m in cutlass.range_constexpr(cute.size(rIdx)):
             slot_idx = rIdx[m]
             if self.live_slot(slot_idx, n_slots):
-                addr = self.row_address(mKV, slot_idx, FP8_RECORD)
+                addr = self.row_address(mKV, slot_idx, record_bytes)
                 r = tKcK[0, m, 0][0]
-                dst_off = cute.assume((slot * self.tile_tokens + r) * FP8_RECORD + 16 * q, divby=16)
-                for j in cutlass.range_constexpr((FP8_RECORD // 16 + 7) // 8):
-                    if const_expr(8 * j + 8 <= FP8_RECORD // 16):
+                dst_off = cute.assume((slot * self.tile_tokens + r) * record_bytes + 16 * q, divby=16)
+                for j in cutlass.range_constexpr((chunks + 7) // 8):
+                    if const_expr(8 * j + 8 <= chunks):
                         self.cp16(atom, addr + 16 * q + 128 * j, raw_base + (dst_off + 128 * j))
                     else:
-                        if 8 * j + q < FP8_RECORD // 16:
+                        if 8 * j + q < chunks:
                             self.cp16(atom, addr + 16 * q + 128 * j, raw_base + (dst_off + 128 * j))
 
     @cute.jit
@@ -284,25 +289,26 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
 
     @cute.jit
     def dequant_fp8_tile(self, raw_base, sKs, sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy):
-        """Raw slot -> bf16 K tile: value * per-128 scale for the 512 NoPE columns, RoPE copied;
+        """Raw slot -> bf16 K tile: value * per-128 scale for the NoPE columns, RoPE copied;
         masked rows become zeros. The tile's biases move to slice RAW_STAGES of sBias."""
         tNs, tRs = self.k_tile_parts(sKs, nope_thr_copy, gmem_thr_copy)
         q = self.col_slot(tKcK)
+        rec_layout = self.record
         # 64-head blocks: a rolled loop over this thread's rows, so fewer loop-invariant smem
         # addresses are held across the MMA loop (they spilled when unrolled)
         n_rows = cute.size(tNs, mode=[1])
         for m in cutlass.range(n_rows, unroll=1 if (self.head_block == 64 and not self.wgmma) else n_rows):
             r = tKcK[0, 0, 0][0] + m * (self.gather_threads // 8)
             bias = sBias[slot * self.tile_tokens + r]
-            rec = cute.assume((slot * self.tile_tokens + r) * FP8_RECORD, divby=16)
+            rec = cute.assume((slot * self.tile_tokens + r) * rec_layout.bytes, divby=16)
             if bias == Float32(0.0):
-                rS = cute.make_rmem_tensor((4,), Float32)
+                rS = cute.make_rmem_tensor((rec_layout.n_scales,), Float32)
                 cute.autovec_copy(
-                    cute.make_tensor(cute.recast_ptr(raw_base + (rec + FP8_SCALE_OFF), dtype=Float32),
-                                     cute.make_layout((4,))),
+                    cute.make_tensor(cute.recast_ptr(raw_base + (rec + rec_layout.scale_off), dtype=Float32),
+                                     cute.make_layout((rec_layout.n_scales,))),
                     rS,
                 )
-                for k in cutlass.range_constexpr(4):
+                for k in cutlass.range_constexpr(rec_layout.n_scales):
                     rV = cute.make_rmem_tensor((16,), cutlass.Float8E4M3FN)
                     cute.autovec_copy(
                         cute.make_tensor(
@@ -316,7 +322,7 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
                 rR = cute.make_rmem_tensor((8,), BFloat16)
                 cute.autovec_copy(
                     cute.make_tensor(
-                        cute.recast_ptr(raw_base + cute.assume(rec + FP8_ROPE_OFF + 16 * q, divby=16),
+                        cute.recast_ptr(raw_base + cute.assume(rec + rec_layout.rope_off + 16 * q, divby=16),
                                         dtype=BFloat16),
                         cute.make_layout((8,)),
                     ),

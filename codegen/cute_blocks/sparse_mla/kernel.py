@@ -13,7 +13,6 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from .barriers import BAR_EMPTY, BAR_FULL, BAR_MMA
 from .fragments import swizzled_atom
-from .kv_format import D_QK, D_V, FP8_RECORD
 
 # setmaxnreg split of the CTA's registers in the producer form: the producer holds a tile of
 # records (~104) and sets the pace at large batches, so it must not spill (at 120 it does). The
@@ -29,7 +28,8 @@ V_WG_REGS = 160
 
 class AttentionKernel:
     """The shared part of the split (decode) and extend kernel classes. Config (set by the
-    generated module): the spec (num_heads, fp8, extend), the tiling (head_block, tile_tokens,
+    generated module): the spec (num_heads, fp8, extend; the head dims d_qk = d_nope + d_rope
+    of q and K, d_v of V, the first d_v columns of K), the tiling (head_block, tile_tokens,
     warps_m, warps_n, stages, raw_stages), the form (wgmma, heads_as_n, producer, fp8_regs,
     p_in_rope, s_one_warpgroup, s_before_gather) and what follows from them."""
 
@@ -41,13 +41,13 @@ class AttentionKernel:
             # wgmma: 128-byte-swizzled K-major atoms (8 rows x 64 bf16). The same K tile is the
             # K-major B operand of S = Q K^T and, viewed transposed, the MN-major B operand V of O.
             atom_k = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-            sQ_layout = cute.tile_to_shape(atom_k, (self.head_block, D_QK), (0, 1))
-            sK_layout = cute.tile_to_shape(atom_k, (self.tile_tokens, D_QK, self.stages), (0, 1, 2))
+            sQ_layout = cute.tile_to_shape(atom_k, (self.head_block, self.d_qk), (0, 1))
+            sK_layout = cute.tile_to_shape(atom_k, (self.tile_tokens, self.d_qk, self.stages), (0, 1, 2))
             sP_layout = cute.tile_to_shape(atom_k, (self.head_block, self.tile_tokens), (0, 1))
         else:
-            sQ_layout = cute.tile_to_shape(swizzled_atom(64), (self.head_block, D_QK), (0, 1))
+            sQ_layout = cute.tile_to_shape(swizzled_atom(64), (self.head_block, self.d_qk), (0, 1))
             sK_layout = cute.tile_to_shape(
-                swizzled_atom(64), (self.tile_tokens, D_QK, self.stages), (0, 1, 2)
+                swizzled_atom(64), (self.tile_tokens, self.d_qk, self.stages), (0, 1, 2)
             )
             sP_layout = cute.tile_to_shape(
                 swizzled_atom(min(self.tile_tokens, 64)), (self.head_block, self.tile_tokens), (0, 1)
@@ -61,7 +61,7 @@ class AttentionKernel:
                 sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout)], 1024]
             if const_expr(self.raw_stages > 0):
                 # raw fp8_ds_mla records of RAW_STAGES tiles, landed by cp.async, dequantised to sK
-                sRaw: cute.struct.Align[cute.struct.MemRange[Uint8, self.raw_stages * self.tile_tokens * FP8_RECORD], 1024]
+                sRaw: cute.struct.Align[cute.struct.MemRange[Uint8, self.raw_stages * self.tile_tokens * self.record.bytes], 1024]
             # 0 for a valid gathered token, -inf for a masked one (per stage)
             sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.bias_slots * self.tile_tokens], 16]
             # cross-warp row max / row sum exchange
@@ -128,12 +128,12 @@ class AttentionKernel:
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             if const_expr(self.p_in_rope):
-                # P of each K stage in that stage's RoPE block (the last 64 columns, dead once S is
-                # done): 1 KB swizzle atoms, tokens first; the last mode picks the stage
-                p_base = storage.sK.data_ptr() + (D_V // 64) * self.tile_tokens * 64
+                # P of each K stage in that stage's RoPE block (the columns past d_nope, dead once S
+                # is done): 1 KB swizzle atoms, tokens first; the last mode picks the stage
+                p_base = storage.sK.data_ptr() + (self.d_nope // 64) * self.tile_tokens * 64
                 sP = cute.make_tensor(
                     cute.recast_ptr(p_base, sP_layout.inner, dtype=self.mma_dtype),
-                    cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=self.tile_tokens * D_QK)),
+                    cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=self.tile_tokens * self.d_qk)),
                 )
             else:
                 sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
@@ -157,7 +157,7 @@ class AttentionKernel:
             gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK = self.gather_copies(tidx)
 
         # Q of this (row, head block): once, asynchronously, 8 threads per head row.
-        gQ = self.head_rows(mQ[row, None, None], head_blk, D_QK)
+        gQ = self.head_rows(mQ[row, None, None], head_blk, self.d_qk)
         q_tiled_copy = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
                                 num_bits_per_copy=128),
@@ -180,7 +180,7 @@ class AttentionKernel:
         # ---- per-thread MMA state -----------------------------------------------------------
         thr_mma = tiled_mma.get_slice(mma_tidx)
         if const_expr(self.wgmma):
-            # wgmma: one 64 x (D_V / WARPS_N) accumulator per warpgroup (128 f32 per thread).
+            # wgmma: one 64 x (d_v / WARPS_N) accumulator per warpgroup (128 f32 per thread).
             acc_O = [cute.make_rmem_tensor(self.o_acc_shape(thr_mma), Float32)]
             acc_O[0].fill(0.0)
         else:
@@ -350,13 +350,13 @@ class AttentionKernel:
         cute.arch.cp_async_wait_group(0)
         if const_expr(self.extend):
             self.epilogue(
-                thr_mma, self.head_rows(mO[row, None, None], head_blk, D_V), mLse[row, None],
+                thr_mma, self.head_rows(mO[row, None, None], head_blk, self.d_v), mLse[row, None],
                 sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max, row_sum, sm_scale_log2,
                 sink=(has_sink, mSink, lse_natural),
             )
         else:
             self.epilogue(
-                thr_mma, self.head_rows(mPartO[row, split, None, None], head_blk, D_V),
+                thr_mma, self.head_rows(mPartO[row, split, None, None], head_blk, self.d_v),
                 mPartLse[row, split, None], sRed, self.out_stage(storage), head_blk, wn, lane, acc_O, row_max,
                 row_sum, sm_scale_log2,
             )
@@ -457,7 +457,7 @@ class AttentionKernel:
             thr_layout = cute.make_ordered_layout((self.gather_threads // 8, 8), order=(1, 0))
         gmem_tiled_copy = cute.make_tiled_copy_tv(atom_cp_async, thr_layout, cute.make_layout((1, 8)))
         gmem_thr_copy = gmem_tiled_copy.get_slice(gtid)
-        tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((self.tile_tokens, D_QK)))
+        tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((self.tile_tokens, self.d_qk)))
         nope_thr_copy = None
         if const_expr(self.fp8):
             # each thread dequantises 16 e4m3 per 128-column block of its rows to the K tile
@@ -472,11 +472,11 @@ class SplitKernel(AttentionKernel):
     @cute.jit
     def __call__(
         self,
-        mQ: cute.Tensor,          # [rows, H, 576] bf16
-        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mQ: cute.Tensor,          # [rows, H, d_qk] bf16
+        mKV: cute.Tensor,         # [blocks, 64, record] u8  |  [blocks, 64, d_qk] bf16
         mIdx: cute.Tensor,        # [rows, width] i32
         mLen: cute.Tensor,        # [rows] i32
-        mPartO: cute.Tensor,      # [rows, splits, H, 512] f16
+        mPartO: cute.Tensor,      # [rows, splits, H, d_v] f16
         mPartLse: cute.Tensor,    # [rows, splits, H] f32
         sm_scale_log2: Float32,
         tokens_per_split: Int32,
@@ -536,11 +536,11 @@ class ExtendKernel(AttentionKernel):
     @cute.jit
     def __call__(
         self,
-        mQ: cute.Tensor,          # [rows, H, 576] bf16
-        mKV: cute.Tensor,         # [blocks, 64, 656] u8  |  [blocks, 64, 576] bf16
+        mQ: cute.Tensor,          # [rows, H, d_qk] bf16
+        mKV: cute.Tensor,         # [blocks, 64, record] u8  |  [blocks, 64, d_qk] bf16
         mIdx: cute.Tensor,        # [rows, width] i32
         mLen: cute.Tensor,        # [rows] i32
-        mO: cute.Tensor,          # [rows, H, 512] bf16
+        mO: cute.Tensor,          # [rows, H, d_v] bf16
         mLse: cute.Tensor,        # [rows, H] f32
         mSink: cute.Tensor,       # [H] f32, read only when has_sink != 0
         mNumRows: cute.Tensor,    # [1] i32: rows in use; the rest of the capacity grid exits

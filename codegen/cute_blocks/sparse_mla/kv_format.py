@@ -1,22 +1,24 @@
-"""The sparse MLA KV cache formats: the dims of a token, the fp8_ds_mla record layout, and the
-dequantisation of a record into the MMA operand type (fp16 or bf16)."""
+"""The sparse MLA KV cache formats on the device: the page of a cache, and the dequantisation
+of a record (its layout from the head dims: kv_layout.py) into the MMA operand type (fp16 or
+bf16). The head dims come from the spec, as kernel config: d_qk = d_nope + d_rope, d_v."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, const_expr
 
-D_QK = 576          # 512 latent (NoPE) + 64 RoPE
-D_V = 512           # V = first 512 dims of K
-D_ROPE = 64
+from .kv_layout import Fp8DsMlaRecord
+
 PAGE_SIZE = 64
-# fp8_ds_mla token record: 512 e4m3 | 4 fp32 scales (one per 128 values) | 64 bf16 RoPE
-FP8_RECORD = 656
-FP8_SCALE_OFF = 512
-FP8_ROPE_OFF = 528
 
 
 class Fp8DsMlaDequant:
     """fp8_ds_mla: a record row (NoPE e4m3 * per-128 scale, RoPE bf16) into the K tile.
-    Config: tile_tokens."""
+    Config: tile_tokens, d_nope, d_rope."""
+
+    @property
+    def record(self) -> Fp8DsMlaRecord:
+        """The record layout: bytes, scale_off, rope_off, n_scales (one per 128 NoPE values,
+        which is also the 16-byte NoPE chunks of a gather thread: 8 threads cover 128 values)."""
+        return Fp8DsMlaRecord(self.d_nope, self.d_rope)
 
     def col_slot(self, tKcK):
         """This gather thread's 16-byte column slot (0..7) in a token row: its NoPE chunks, the
@@ -24,10 +26,12 @@ class Fp8DsMlaDequant:
         return tKcK[0, 0, 0][1] // 8
 
     def k_tile_parts(self, sKs, nope_thr_copy, gmem_thr_copy):
-        """This thread's destinations in a K tile: ((8,2), rows, 4) NoPE and (8, rows, 1) RoPE."""
-        sNope = cute.local_tile(sKs, (self.tile_tokens, D_V), (0, 0))
+        """This thread's destinations in a K tile: ((8,2), rows, n_scales) NoPE and (8, rows, 1)
+        RoPE."""
+        sNope = cute.local_tile(sKs, (self.tile_tokens, self.d_nope), (0, 0))
         tNs = nope_thr_copy.partition_D(sNope)
-        tRs = gmem_thr_copy.partition_D(cute.local_tile(sKs, (self.tile_tokens, D_ROPE), (0, D_V // D_ROPE)))
+        tRs = gmem_thr_copy.partition_D(
+            cute.local_tile(sKs, (self.tile_tokens, self.d_rope), (0, self.d_nope // self.d_rope)))
         return tNs, tRs
 
     @cute.jit
@@ -43,6 +47,6 @@ class Fp8DsMlaDequant:
 
     @cute.jit
     def zero_row(self, tNs, tRs, m):
-        for k in cutlass.range_constexpr(4):
+        for k in cutlass.range_constexpr(self.record.n_scales):
             tNs[None, m, k].fill(0.0)
         tRs[None, m, 0].fill(0.0)

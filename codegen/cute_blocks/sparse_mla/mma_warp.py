@@ -6,13 +6,12 @@ from cutlass import BFloat16, Float32, const_expr
 from cutlass.cute.nvgpu import warp
 
 from .fragments import mn_view, with_unit_mode
-from .kv_format import D_QK, D_V
 from .softmax import max_step, quad_allreduce
 
 
 class WarpMma:
     """S = Q K^T, the online softmax and O += P V of one tile, per warp. Config: head_block,
-    tile_tokens, warps_n, tokens_per_warp, dims_per_warp."""
+    tile_tokens, warps_n, tokens_per_warp, dims_per_warp, d_qk, d_v."""
 
     @cute.jit
     def compute_tile(
@@ -34,7 +33,7 @@ class WarpMma:
         copy_Bt = tiled_copy_Bt.get_slice(thr_mma.thr_idx)
 
         # ---- S = Q K^T over this warp's TILE_TOKENS / WARPS_N tokens -------------------------
-        sK_w = cute.local_tile(sKs, (self.tokens_per_warp, D_QK), (wn, 0))
+        sK_w = cute.local_tile(sKs, (self.tokens_per_warp, self.d_qk), (wn, 0))
         tSrQ = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sQ))
         tSrK = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sK_w))
         tSsQ = copy_A.partition_S(sQ)
@@ -99,7 +98,7 @@ class WarpMma:
         cute.arch.sync_threads()
 
         # ---- O += P V over all tile tokens, this warp's 512 / WARPS_N value columns -------
-        sVt = cute.composition(sKs, cute.make_layout((D_V, self.tile_tokens), stride=(self.tile_tokens, 1)))
+        sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))
         # sVt_w starts at a multiple of 64 value columns, i.e. on a swizzle-atom boundary, so it
         # can be partitioned directly; the 16-column chunks are picked from the partitions.
         sVt_w = cute.local_tile(sVt, (self.dims_per_warp, self.tile_tokens), (wn, 0))

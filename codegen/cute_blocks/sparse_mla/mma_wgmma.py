@@ -9,32 +9,31 @@ from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
 from .barriers import BAR_MAX
 from .fragments import mn_view
-from .kv_format import D_QK, D_V
 from .softmax import max_step, quad_allreduce
 
 
 class Wgmma64Heads:
     """64-head wgmma blocks. Config: head_block, tile_tokens, warps_n, mma_dtype, mma_threads,
-    s_one_warpgroup, tokens_per_warp, dims_per_warp."""
+    s_one_warpgroup, tokens_per_warp, dims_per_warp, d_qk, d_v."""
 
     def s_tokens(self):
         """Tokens of a tile one warpgroup's S covers: all of them (S_ONE_WARPGROUP) or its share."""
         return self.tile_tokens if self.s_one_warpgroup else self.tokens_per_warp
 
     def make_wg_mmas(self):
-        """(S = Q K^T, O = P V) warpgroup MMAs: 64 x s_tokens() and 64 x D_V / WARPS_N."""
+        """(S = Q K^T, O = P V) warpgroup MMAs: 64 x s_tokens() and 64 x d_v / WARPS_N."""
         mma_s = sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (1, 1, 1), (self.head_block, self.s_tokens()),
         )
         mma_o = sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype, self.mma_dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-            (1, 1, 1), (self.head_block, D_V // self.warps_n),
+            (1, 1, 1), (self.head_block, self.d_v // self.warps_n),
         )
         return mma_s, mma_o
 
     def o_acc_shape(self, thr_mma):
-        """O accumulator: 64 heads x this warpgroup's D_V / WARPS_N value columns."""
+        """O accumulator: 64 heads x this warpgroup's d_v / WARPS_N value columns."""
         return thr_mma.partition_shape_C((self.head_block, self.dims_per_warp))
 
     @cute.jit
@@ -44,7 +43,7 @@ class Wgmma64Heads:
         # A fresh tiled MMA: its ACCUMULATE field is set here and must not leak elsewhere.
         mma_s, _ = self.make_wg_mmas()
         thr_mma_s = mma_s.get_slice(thr_mma.thr_idx)
-        sK_w = cute.local_tile(sKs, (self.s_tokens(), D_QK), (wn, 0))
+        sK_w = cute.local_tile(sKs, (self.s_tokens(), self.d_qk), (wn, 0))
         tSrQ = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sQ))
         tSrK = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sK_w))
         acc_S = cute.make_rmem_tensor(thr_mma_s.partition_shape_C((self.head_block, self.s_tokens())), Float32)
@@ -137,7 +136,7 @@ class Wgmma64Heads:
         acc_S, acc_O, row_max, row_sum, sm_scale_log2,
     ):
         """Warpgroup wn: the softmax of its share of S (softmax_tile_wg), then O[:, its
-        D_V / WARPS_N columns] += P V (pv_wg). Every wgmma batch is fenced, committed and waited
+        d_v / WARPS_N columns] += P V (pv_wg). Every wgmma batch is fenced, committed and waited
         on before its registers or the smem it reads are touched again."""
         self.softmax_tile_wg(thr_mma, sP, sBias, sRed, stage, wn, lane, acc_S, acc_O, row_max, row_sum,
                              sm_scale_log2)
@@ -145,11 +144,11 @@ class Wgmma64Heads:
 
     @cute.jit
     def pv_wg(self, thr_mma, sKs, sP, wn, acc_O):
-        """O[:, warpgroup wn's D_V / WARPS_N columns] += P V over all tile tokens (wgmma
+        """O[:, warpgroup wn's d_v / WARPS_N columns] += P V over all tile tokens (wgmma
         64x256x16, P and V from smem), waited on before returning."""
         _, mma_o = self.make_wg_mmas()          # fresh: its ACCUMULATE field is set here
         thr_mma_o = mma_o.get_slice(thr_mma.thr_idx)
-        sVt = cute.composition(sKs, cute.make_layout((D_V, self.tile_tokens), stride=(self.tile_tokens, 1)))
+        sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))
         sVt_w = cute.local_tile(sVt, (self.dims_per_warp, self.tile_tokens), (wn, 0))
         tOrP = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sP))
         tOrV = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(sVt_w))

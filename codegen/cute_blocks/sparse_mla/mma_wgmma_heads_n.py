@@ -8,13 +8,12 @@ from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
 from .epilogue import StagedStore
 from .fragments import mn_view
-from .kv_format import D_V
 from .softmax import head_out_scale, lanes_allreduce, max_step
 
 
 class WgmmaHeadsAsN(StagedStore):
     """wgmma with the heads as N. Config: head_block, tile_tokens, warps_m, mma_dtype,
-    out_dtype, dims_per_warp."""
+    out_dtype, dims_per_warp, d_v."""
 
     def make_wg_mmas(self):
         """(S^T = K Q^T, O^T = V^T P^T): M = 64 tokens | 64 value dims per wgmma, N = heads.
@@ -30,7 +29,7 @@ class WgmmaHeadsAsN(StagedStore):
         return mma_s, mma_o
 
     def o_acc_shape(self, thr_mma):
-        """O^T accumulator: this warpgroup's D_V / WARPS_N value dims x HEAD_BLOCK heads."""
+        """O^T accumulator: this warpgroup's d_v / WARPS_N value dims x HEAD_BLOCK heads."""
         return thr_mma.partition_shape_C((self.dims_per_warp, self.head_block))
 
     @cute.jit
@@ -60,7 +59,7 @@ class WgmmaHeadsAsN(StagedStore):
         """Warpgroup 0 waits for S^T (issue_s_wg), takes the column (head) max over the 8
         lanes sharing a head and over its 4 warps through sRed, and stores P (MMA_DTYPE) to smem as
         [head, token]. Every warpgroup reads the same maxima from sRed, so all rescale their
-        O^T identically, then accumulates O^T += V^T P^T for its D_V / WARPS_N value dims.
+        O^T identically, then accumulates O^T += V^T P^T for its d_v / WARPS_N value dims.
         row_max (every warpgroup) and row_sum (warpgroup 0) hold this thread's HEAD_BLOCK / 4
         heads: the accumulator columns of S^T and O^T match thread for thread."""
         mma_s, mma_o = self.make_wg_mmas()
@@ -113,7 +112,7 @@ class WgmmaHeadsAsN(StagedStore):
         cute.arch.sync_threads()
 
         # ---- O^T += V^T P^T over the tile's tokens, this warpgroup's value dims -------------
-        sVt = cute.composition(sKs, cute.make_layout((D_V, self.tile_tokens), stride=(self.tile_tokens, 1)))
+        sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))
         sVt_w = cute.local_tile(sVt, (self.dims_per_warp, self.tile_tokens), (wn, 0))
         tOrV = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sVt_w))
         tOrP = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(sP))
@@ -153,7 +152,7 @@ class WgmmaHeadsAsN(StagedStore):
         sm_scale_log2, sink=None,
     ):
         """Normalise O^T per head and write this CTA's o (OUT_DTYPE, staged in smem) to gRows
-        [HEAD_BLOCK, D_V] and each head's lse to gLse [H]; sink as in the 64-head epilogue."""
+        [HEAD_BLOCK, d_v] and each head's lse to gLse [H]; sink as in the 64-head epilogue."""
         tOcO_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.dims_per_warp, self.head_block))))
         total = self.head_totals(tOcO_mn, sRed, wn, lane, row_sum)   # ends with a CTA barrier
         acc_mn = mn_view(acc_O[0])
