@@ -45,13 +45,14 @@ class GatherRows:
     def load_indices(self, mIdx, row, tok_begin, tile, tok_end, tKcK, rIdx):
         """Indices of `tile` for this thread's gather rows; -1 past the split end."""
         for m in cutlass.range_constexpr(cute.size(rIdx)):
-            rIdx[m] = self.index_at(mIdx, row, tok_begin, tile, tok_end, tKcK, m)
+            rIdx[m] = self.index_at(mIdx, row, tok_begin, tile, tok_end, tKcK[0, m, 0][0])
 
     @cute.jit
-    def index_at(self, mIdx, row, tok_begin, tile, tok_end, tKcK, m: cutlass.Constexpr) -> Int32:
-        """Index of this thread's gather row m of `tile` as the caller wrote it; -1 past the split
-        end. It only becomes an address or a bias behind live_slot (the cache bound)."""
-        pos = tok_begin + tile * self.tile_tokens + tKcK[0, m, 0][0]
+    def index_at(self, mIdx, row, tok_begin, tile, tok_end, tok) -> Int32:
+        """Index of token `tok` of `tile` (a gather row's tKcK[0, m, 0][0]) as the caller wrote
+        it; -1 past the split end. It only becomes an address or a bias behind live_slot (the
+        cache bound)."""
+        pos = tok_begin + tile * self.tile_tokens + tok
         slot = Int32(-1)
         if pos < tok_end:
             slot = mIdx[row, pos]
@@ -182,8 +183,8 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
             lin = gtid + j * self.gather_threads
             tile = 1 + lin // self.tile_tokens
             if tile <= self.l2_prefetch_tiles:
-                self.prefetch_slot(mKV, self.token_slot(mIdx, row, tok_begin, tok_end, tile, lin % self.tile_tokens), n_slots)
-        rPf[0] = self.token_slot(mIdx, row, tok_begin, tok_end, self.l2_prefetch_tiles + 1, gtid % self.tile_tokens)
+                self.prefetch_slot(mKV, self.index_at(mIdx, row, tok_begin, tile, tok_end, lin % self.tile_tokens), n_slots)
+        rPf[0] = self.index_at(mIdx, row, tok_begin, self.l2_prefetch_tiles + 1, tok_end, gtid % self.tile_tokens)
 
     @cute.jit
     def prefetch_next(self, mKV, mIdx, row, tok_begin, tok_end, tile, n_slots, gtid, rPf):
@@ -191,16 +192,7 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
         loaded a tile ago, so the prefetch never waits for an index."""
         if gtid < self.tile_tokens:
             self.prefetch_slot(mKV, rPf[0], n_slots)
-            rPf[0] = self.token_slot(mIdx, row, tok_begin, tok_end, tile, gtid)
-
-    @cute.jit
-    def token_slot(self, mIdx, row, tok_begin, tok_end, tile, tok) -> Int32:
-        """Index of token `tok` of `tile` as the caller wrote it; -1 past the split end."""
-        pos = tok_begin + tile * self.tile_tokens + tok
-        slot = Int32(-1)
-        if pos < tok_end:
-            slot = mIdx[row, pos]
-        return slot
+            rPf[0] = self.index_at(mIdx, row, tok_begin, tile, tok_end, gtid)
 
     @cute.jit
     def refill_row(self, copies, regs, src, has_next, ahead, m: cutlass.Constexpr):
@@ -213,7 +205,7 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
         tKcK = copies[0]
         if has_next:
             self.load_fp8_row(mKV, self.col_slot(tKcK), rIdx[m], n_slots, regs, m)
-        rIdx[m] = self.index_at(mIdx, row, tok_begin, ahead, tok_end, tKcK, m)
+        rIdx[m] = self.index_at(mIdx, row, tok_begin, ahead, tok_end, tKcK[0, m, 0][0])
 
 
 class Fp8Producer(Fp8RegsGather):
