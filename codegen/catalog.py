@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .indexer_specs import INDEXER_HEADS, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
-from .specs import KV_FORMATS, SPARSE_MLA_HEADS, SPARSE_MLA_MODES, DcpSpec, KernelSpec, SparseMLASpec
+from .specs import SPARSE_MLA_HEAD_DIMS, SPARSE_MLA_HEADS, SPARSE_MLA_MODES, DcpSpec, KernelSpec, SparseMLASpec
 from .toolchain import SUPPORTED_ARCHS
 
 DEFAULT_PRESET = "deepseek-v3.2-tp8"
+V32_FORMATS = ("fp8_ds_mla", "bf16")    # the KV formats of DeepSeek-V3.2 / GLM-5
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,14 @@ class ModelConfig:
     num_heads: int
     kv_format: str = "fp8_ds_mla"
     topk: int = 2048
+    page_size: int = 64
 
     def specs(self, arch: str) -> list[KernelSpec]:
-        """Decode and extend: an engine's prewarm bundle routes between them by rows per request."""
-        return [SparseMLASpec(num_heads=self.num_heads, kv_format=self.kv_format, topk=self.topk, mode=m, arch=arch)
+        """Decode and extend: an engine's prewarm bundle routes between them by rows per request.
+        The head dims are the format's (SPARSE_MLA_HEAD_DIMS; one set per format so far)."""
+        (q, nope, rope, v), = SPARSE_MLA_HEAD_DIMS[self.kv_format]
+        return [SparseMLASpec(q_head_dim=q, kv_lora_rank=nope, rope_dim=rope, v_head_dim=v, num_heads=self.num_heads,
+                              kv_format=self.kv_format, topk=self.topk, page_size=self.page_size, mode=m, arch=arch)
                 for m in SPARSE_MLA_MODES]
 
 
@@ -75,10 +80,11 @@ class Preset:
     description: str
     configs: tuple[ModelConfig | IndexerConfig | DcpConfig, ...]
     model: str | None = None
+    archs: tuple[str, ...] = SUPPORTED_ARCHS    # the archs whose kernels the bundle has
 
     def specs(self, archs: tuple[str, ...] = ("sm_90a",)) -> list[KernelSpec]:
         out: list[KernelSpec] = []
-        for arch in archs:
+        for arch in (a for a in archs if a in self.archs):
             for cfg in self.configs:
                 for s in cfg.specs(arch):
                     if s not in out:
@@ -121,9 +127,14 @@ PRESETS: dict[str, Preset] = {
         *(model_preset(GLM5, tp) for tp in GLM5.degrees),
         model_preset(DEEPSEEK_V32, 8, "bf16", "-bf16"),
         Preset("sparse-mla-all", "sparse MLA decode + extend: all heads, both KV formats",
-               tuple(ModelConfig(h, f) for f in KV_FORMATS for h in SPARSE_MLA_HEADS)),
+               tuple(ModelConfig(h, f) for f in V32_FORMATS for h in SPARSE_MLA_HEADS)),
         Preset("sparse-mla-wide", "sparse MLA, index rows up to 8192: 16, 128 heads",
-               tuple(ModelConfig(h, f, topk=8192) for f in KV_FORMATS for h in (16, 128))),
+               tuple(ModelConfig(h, f, topk=8192) for f in V32_FORMATS for h in (16, 128))),
+        # DeepSeek-V4's format, so far the 8/16-head register form on sm_90a and the main
+        # (sliding-window) cache alone (codegen.specs.SPARSE_MLA_FORMAT_HEADS)
+        Preset("sparse-mla-model1", "sparse MLA over model1_fp8 pages (DeepSeek-V4): 8, 16 heads, pages 64, 256",
+               tuple(ModelConfig(h, "model1_fp8", page_size=p) for h in (8, 16) for p in (64, 256)),
+               archs=("sm_90a",)),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),

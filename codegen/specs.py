@@ -69,7 +69,13 @@ SPARSE_MLA_HEADS = (8, 16, 32, 64, 128)
 SPARSE_MLA_HEAD_DIMS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "fp8_ds_mla": ((576, 512, 64, 512),),     # DeepSeek-V3.2, GLM-5
     "bf16": ((576, 512, 64, 512),),
+    "model1_fp8": ((512, 448, 64, 512),),     # DeepSeek-V4: V is all 512 dims of K
 }
+# Tokens per cache page each KV format serves (model1_fp8: the sliding-window cache's pages).
+SPARSE_MLA_PAGE_SIZES = {"fp8_ds_mla": (64,), "bf16": (64,), "model1_fp8": (64, 256)}
+# (kv_format, arch) -> head counts served where a format does not yet serve every head count:
+# model1_fp8 runs the register-path form of 8 and 16 heads (wgmma, heads as N) so far.
+SPARSE_MLA_FORMAT_HEADS = {("model1_fp8", "sm_90a"): (8, 16), ("model1_fp8", "sm_120a"): ()}
 KV_FORMATS = tuple(SPARSE_MLA_HEAD_DIMS)
 _HEAD_DIM_FIELDS = ("q_head_dim", "kv_lora_rank", "rope_dim", "v_head_dim")
 SPARSE_MLA_MODES = ("decode", "extend")
@@ -106,9 +112,15 @@ class SparseMLASpec(KernelSpec):
                  ", ".join(map(str, SPARSE_MLA_HEADS)))
         _require(c, "topk", self.topk, isinstance(self.topk, int) and 64 <= self.topk <= MAX_TOPK and self.topk % 64 == 0,
                  f"a multiple of 64 in [64, {MAX_TOPK}]")
-        _require(c, "page_size", self.page_size, self.page_size == 64, "64")
+        pages = SPARSE_MLA_PAGE_SIZES[self.kv_format]
+        _require(c, "page_size", self.page_size, self.page_size in pages,
+                 ", ".join(map(str, pages)) + f" (kv_format {self.kv_format!r})")
         _require(c, "mode", self.mode, self.mode in SPARSE_MLA_MODES, ", ".join(SPARSE_MLA_MODES))
         _require(c, "arch", self.arch, self.arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+        served = SPARSE_MLA_FORMAT_HEADS.get((self.kv_format, self.arch))
+        if served is not None:
+            _require(c, "num_heads", self.num_heads, self.num_heads in served,
+                     (", ".join(map(str, served)) or "none yet") + f" (kv_format {self.kv_format!r} on {self.arch})")
 
     def _check_head_dims(self, c: str) -> None:
         """The head dims must be one of the kv_format's sets (SPARSE_MLA_HEAD_DIMS). The fields
@@ -132,7 +144,8 @@ class SparseMLASpec(KernelSpec):
 
     @property
     def name(self) -> str:
-        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}_{self.arch}"
+        page = "" if self.page_size == 64 else f"_p{self.page_size}"
+        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}{page}_{self.arch}"
 
     def template_context(self) -> dict:
         from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
@@ -151,6 +164,7 @@ class SparseMLASpec(KernelSpec):
             "d_nope": self.kv_lora_rank,
             "d_rope": self.rope_dim,
             "d_v": self.v_head_dim,
+            "page_size": self.page_size,
             "tile": self.tiling(),
         }
 

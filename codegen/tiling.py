@@ -37,6 +37,10 @@ MAX_SPLITS = 32
 # docs/notes/launch-and-splits.md).
 HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (8, 16, 32)
               for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
+# model1_fp8 (DeepSeek-V4) so far runs the 8/16-head register form only (codegen.specs
+# SPARSE_MLA_FORMAT_HEADS); its other forms are still to be built from the same blocks.
+HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
+FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 
 
 def _align(n: int, a: int) -> int:
@@ -91,12 +95,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     """
     if num_heads not in (8, 16, 32, 64, 128):
         raise ValueError(f"num_heads must be 8, 16, 32, 64 or 128, got {num_heads}")
-    if kv_format not in ("fp8_ds_mla", "bf16"):
+    if kv_format not in FP8_FORMATS + ("bf16",):
         raise ValueError(f"unknown kv_format {kv_format!r}")
     if arch not in _SMEM_LIMIT:
         raise ValueError(f"unsupported arch {arch!r}")
 
-    fp8 = kv_format == "fp8_ds_mla"
+    fp8 = kv_format in FP8_FORMATS
     producer = False
     # Hopper wgmma with the heads as N for the listed 16/32-head cases (see HEADS_AS_N)
     heads_as_n = arch == "sm_90a" and (mode, num_heads, kv_format) in HEADS_AS_N

@@ -71,7 +71,7 @@ def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
     src = _with_blocks(render(spec))
     assert _functions_reading(src, "mIdx") == {"index_at"}
     assert "return Uint32(slot) < n_slots" in src
-    assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(PAGE_SIZE)" in src   # the bound is the cache tensor's own blocks
+    assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(self.page_size)" in src   # the bound is the cache tensor's own blocks
     consumers = {**_functions_calling(src, "row_address"), **_functions_calling(src, "write_bias")}
     consumers.pop("row_address", None)
     assert consumers, "no gather found"

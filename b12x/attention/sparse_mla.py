@@ -55,11 +55,12 @@ class Caps:
     num_sms: Optional[int] = None  # None: the current CUDA device's
     rope_dim: int = 64            # q is kv_lora_rank NoPE dims then rope_dim RoPE dims
     v_head_dim: int = 512         # out: V is the first v_head_dim dims of K
+    page_size: int = 64           # tokens per KV cache page (model1_fp8: 64 or 256)
 
     def spec(self, arch: str) -> SparseMLASpec:
         return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
                              v_head_dim=self.v_head_dim, num_heads=self.num_heads, topk=self.topk,
-                             kv_format=self.kv_format, mode=self.mode, arch=arch)
+                             kv_format=self.kv_format, page_size=self.page_size, mode=self.mode, arch=arch)
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
@@ -222,7 +223,11 @@ def kv_token(kv_format: str, kv_lora_rank: int = SparseMLASpec.kv_lora_rank,
 
 
 def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device, *,
-                   kv_lora_rank: int = SparseMLASpec.kv_lora_rank, rope_dim: int = SparseMLASpec.rope_dim) -> None:
+                   kv_lora_rank: int = SparseMLASpec.kv_lora_rank, rope_dim: int = SparseMLASpec.rope_dim,
+                   page_size: int = PAGE) -> None:
+    if kv_format == "model1_fp8":
+        _check_model1_pages(kv_cache, kv_record(kv_format, kv_lora_rank, rope_dim), page_size, device)
+        return
     dtype, last = kv_token(kv_format, kv_lora_rank, rope_dim)
     check_tensor("kv_cache", kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
     elem = kv_cache.element_size()
@@ -234,13 +239,24 @@ def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device,
             f"got {kv_cache.stride(0)} elements")
 
 
+def _check_model1_pages(kv_cache: torch.Tensor, rec, page_size: int, device: torch.device) -> None:
+    """model1_fp8: [blocks, page_bytes] uint8 pages of page_size tokens; the page stride may be
+    larger (a page-strided view of a bigger buffer)."""
+    page_bytes = rec.page_bytes(page_size)
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, page_bytes), device=device)
+    require(kv_cache.stride(1) == 1 and kv_cache.stride(0) >= page_bytes and kv_cache.stride(0) % 16 == 0,
+            f"kv_cache: expected model1_fp8 pages of {page_size} tokens: byte stride 1 and a page stride >= "
+            f"{page_bytes} bytes, a multiple of 16, got strides {kv_cache.stride()}")
+
+
 def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: float,
                attn_sink: torch.Tensor | None, lse_base: str) -> None:
     p = binding.plan
     q = binding.q
     require(p.caps.mode == mode, f"plan: expected a Caps(mode={mode!r}) plan for run_{mode}, got mode={p.caps.mode!r}")
     check_cuda_anchor("q", q, kv_cache, attn_sink)
-    check_kv_cache(kv_cache, p.caps.kv_format, q.device, kv_lora_rank=p.caps.kv_lora_rank, rope_dim=p.caps.rope_dim)
+    check_kv_cache(kv_cache, p.caps.kv_format, q.device, kv_lora_rank=p.caps.kv_lora_rank, rope_dim=p.caps.rope_dim,
+                   page_size=p.caps.page_size)
     require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:

@@ -28,10 +28,15 @@ def fake_outputs(num_heads: int, d_v: int, rows):
     return out, lse, sink
 
 
-def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks):
-    """A page-strided [blocks, 64, record] cache of the format's record (kv_layout): u8 for
-    fp8_ds_mla (656 bytes), bf16 for bf16 (576 dims)."""
+def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks, page_size: int = PAGE_SIZE):
+    """A page-strided cache of the format's record (kv_layout): [blocks, 64, record] u8 for
+    fp8_ds_mla (656 bytes), bf16 for bf16 (576 dims); [blocks, page_bytes] u8 pages of
+    page_size tokens for model1_fp8."""
     rec = kv_record(kv_format, d_nope, d_rope)
+    if kv_format == "model1_fp8":
+        return cute.runtime.make_fake_tensor(
+            Uint8, (blocks, rec.page_bytes(page_size)), (cute.sym_int64(divisibility=16), 1), assumed_align=16,
+        )
     if rec.dtype == "uint8":
         return cute.runtime.make_fake_tensor(
             Uint8, (blocks, PAGE_SIZE, rec.last_dim), (cute.sym_int64(divisibility=16), rec.last_dim, 1),
@@ -43,7 +48,8 @@ def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks):
     )
 
 
-def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, d_nope: int, d_rope: int, d_v: int):
+def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, d_nope: int, d_rope: int, d_v: int,
+                page_size: int = PAGE_SIZE):
     """The attention kernel's arguments: q, kv, indices, lengths, then extend's out, lse, sink,
     row count and scalars, or decode's partials and scalars; then the stream."""
     rows = cute.sym_int32()
@@ -52,7 +58,7 @@ def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, 
     q = cute.runtime.make_fake_compact_tensor(
         BFloat16, (rows, num_heads, d_nope + d_rope), stride_order=(2, 1, 0), assumed_align=16
     )
-    kv = fake_kv(kv_format, d_nope, d_rope, blocks)
+    kv = fake_kv(kv_format, d_nope, d_rope, blocks, page_size)
     indices = cute.runtime.make_fake_compact_tensor(
         Int32, (rows, width), stride_order=(1, 0), assumed_align=16
     )

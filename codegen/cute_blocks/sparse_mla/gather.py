@@ -10,7 +10,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .barriers import BAR_EMPTY, BAR_FULL
-from .kv_format import PAGE_SIZE, Fp8DsMlaDequant
+from .kv_format import Fp8DsMlaDequant, Model1Dequant
 
 
 @dsl_user_op
@@ -25,14 +25,16 @@ def prefetch_l2(addr: Int64, nbytes: int, *, loc=None, ip=None):
 
 
 class GatherRows:
-    """What every gather form shares. Config (attributes of the kernel): tile_tokens."""
+    """What every gather form shares. Config (attributes of the kernel): tile_tokens, page_size."""
+
+    paired_rows = False    # one token row per 8 gather threads (kernel.gather_copies)
 
     def cache_slots(self, mKV: cute.Tensor) -> Uint32:
         """Token slots of the cache tensor passed: its blocks (a runtime dim; a page-strided view
         counts its own) times the page size. The max(.., 0) also turns the shape's scalar into
         a plain value: a CuTe shape scalar always compares signed (it takes over the compare as
         the right operand), and the bound check must compare unsigned."""
-        return Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(PAGE_SIZE)
+        return Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(self.page_size)
 
     def live_slot(self, slot: Int32, n_slots: Uint32):
         """Whether a slot from index_at is read: one unsigned compare masks -1, every other
@@ -62,14 +64,14 @@ class GatherRows:
     def row_address(self, mKV: cute.Tensor, slot: Int32, record_bytes: cutlass.Constexpr) -> Int64:
         """64-bit byte address of a token record: base + (slot // 64) * S_blk + (slot % 64) * record."""
         elem_bytes = mKV.element_type.width // 8
-        blk = Int64(slot // PAGE_SIZE)
-        off = Int64(slot % PAGE_SIZE)
+        blk = Int64(slot // self.page_size)
+        off = Int64(slot % self.page_size)
         base = mKV.iterator.toint()
         return base + (blk * Int64(mKV.stride[0]) * elem_bytes) + off * record_bytes
 
-    def gmem_vec(self, addr: Int64, dtype, n: int) -> cute.Tensor:
-        """n elements of dtype at a 16-byte aligned global byte address (a gathered record)."""
-        return cute.make_tensor(cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=16),
+    def gmem_vec(self, addr: Int64, dtype, n: int, align: int = 16) -> cute.Tensor:
+        """n elements of dtype at an `align`-byte aligned global byte address (a gathered record)."""
+        return cute.make_tensor(cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align),
                                 cute.make_layout((n,)))
 
     @cute.jit
@@ -108,32 +110,11 @@ class Bf16Gather(GatherRows):
                     tKsK[None, m, k].fill(0.0)
 
 
-class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
-    """fp8_ds_mla records gathered into registers one tile ahead and dequantised into a K stage.
-    Config: tile_tokens, rows_per_pass, mma_dtype."""
-
-    # records gathered into registers, one tile ahead
-    def make_fp8_regs(self):
-        """Registers for one tile of this thread's token rows: its 16 NoPE e4m3 of each 128-block,
-        the 4 fp32 scales, its 8 bf16 of RoPE, and the row's slot (-1: masked)."""
-        n = self.tile_tokens // self.rows_per_pass
-        k = self.record.n_scales
-        return (cute.make_rmem_tensor((16, k, n), cutlass.Float8E4M3FN), cute.make_rmem_tensor((k, n), Float32),
-                cute.make_rmem_tensor((8, n), BFloat16), cute.make_rmem_tensor((n,), Int32))
-
-    @cute.jit
-    def load_fp8_row(self, mKV, q, slot, n_slots, regs, m: cutlass.Constexpr):
-        """Global -> registers (make_fp8_regs) for row m of this thread, 16-byte loads that are
-        not waited on here: column chunk q of the 4 NoPE blocks, the scales and RoPE chunk q."""
-        rV, rS, rR, rSlot = regs
-        rSlot[m] = slot                       # dequant_fp8_regs masks the row by the same bound
-        if self.live_slot(slot, n_slots):
-            rec = self.record
-            addr = self.row_address(mKV, slot, rec.bytes)
-            for k in cutlass.range_constexpr(rec.n_scales):
-                cute.autovec_copy(self.gmem_vec(addr + (128 * k + 16 * q), cutlass.Float8E4M3FN, 16), rV[None, k, m])
-            cute.autovec_copy(self.gmem_vec(addr + rec.scale_off, Float32, rec.n_scales), rS[None, m])
-            cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
+class Fp8RegsPipeline(GatherRows):
+    """fp8 records gathered into registers one tile ahead and dequantised into a K stage, row by
+    row; the record format block (kv_format.py) holds the row's registers (make_fp8_regs), its
+    loads (load_fp8_row) and its dequant (store_row, zero_row, k_tile_parts). Config:
+    tile_tokens, rows_per_pass, mma_dtype."""
 
     @cute.jit
     def load_fp8_regs(self, mKV, tKcK, rIdx, n_slots, regs):
@@ -144,24 +125,22 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
 
     @cute.jit
     def dequant_fp8_regs(self, sKs, sBias, stage, copies, regs, src, has_next, ahead, defer_last=False):
-        """Registers (make_fp8_regs) -> fp16 K stage: value * per-128 scale, RoPE converted,
-        masked rows zero; the rows' biases go to slice `stage` of sBias. copies = (tKcK,
+        """Registers (make_fp8_regs) -> fp16 K stage (store_row: NoPE value * its scale, RoPE
+        converted), masked rows zero; the rows' biases go to slice `stage` of sBias. copies = (tKcK,
         nope_thr_copy, gmem_thr_copy) from gather_copies. Each row is refilled (refill_row) as
         soon as it is stored, except the last one with defer_last (the caller refills it)."""
         tKcK, nope_thr_copy, gmem_thr_copy = copies
-        rV, rS, rR, rSlot = regs
-        tNs, tRs = self.k_tile_parts(sKs, nope_thr_copy, gmem_thr_copy)
+        rSlot = regs[-1]
+        parts = self.k_tile_parts(sKs, nope_thr_copy, gmem_thr_copy)
         q = self.col_slot(tKcK)
         n_slots = src[-1]
         for m in cutlass.range_constexpr(cute.size(rSlot)):
             r = tKcK[0, m, 0][0]
             live = self.live_slot(rSlot[m], n_slots)
             if live:
-                for k in cutlass.range_constexpr(self.record.n_scales):
-                    self.store_dequant(rV[None, k, m], rS[k, m], tNs[None, m, k])
-                tRs[None, m, 0].store(rR[None, m].load().to(self.mma_dtype))
+                self.store_row(regs, parts, m)
             else:
-                self.zero_row(tNs, tRs, m)
+                self.zero_row(parts, m)
             if q == 0:
                 sBias[stage * self.tile_tokens + r] = Float32(0.0) if live else -Float32.inf
             if const_expr(not (defer_last and m == cute.size(rSlot) - 1)):
@@ -206,6 +185,14 @@ class Fp8RegsGather(Fp8DsMlaDequant, GatherRows):
         if has_next:
             self.load_fp8_row(mKV, self.col_slot(tKcK), rIdx[m], n_slots, regs, m)
         rIdx[m] = self.index_at(mIdx, row, tok_begin, ahead, tok_end, tKcK[0, m, 0][0])
+
+
+class Fp8RegsGather(Fp8DsMlaDequant, Fp8RegsPipeline):
+    """fp8_ds_mla records through registers (Fp8RegsPipeline)."""
+
+
+class Model1RegsGather(Model1Dequant, Fp8RegsPipeline):
+    """model1_fp8 records through registers (Fp8RegsPipeline)."""
 
 
 class Fp8Producer(Fp8RegsGather):
@@ -322,6 +309,6 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
                 )
                 cute.autovec_copy(rR, tRs[None, m, 0])
             else:
-                self.zero_row(tNs, tRs, m)
+                self.zero_row((tNs, tRs), m)
             if q == 0:
                 sBias[self.raw_stages * self.tile_tokens + r] = bias

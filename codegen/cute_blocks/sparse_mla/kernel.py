@@ -440,13 +440,14 @@ class AttentionKernel:
     def gather_copies(self, gtid):
         """Gather thread gtid's copies: 8 threads per token row, 16-byte chunks. Returns the
         tiled cp.async copy, its slice, the fp8 dequant store slice (None for bf16 KV) and the
-        slice's (token, column) coordinates in a K tile (identical for every tile)."""
+        slice's (token, column) coordinates in a K tile (identical for every tile). A format block
+        whose dequant stores 32-byte pieces pairs two rows per 8 threads (paired_rows)."""
         atom_cp_async = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
             num_bits_per_copy=128,
         )
-        if const_expr(self.fp8):
-            # A dequantised 16-value piece is two 16-byte chunks of one 128-byte swizzled row,
+        if const_expr(self.paired_rows):
+            # fp8_ds_mla: a dequantised 16-value piece is two 16-byte chunks of one 128-byte swizzled row,
             # stored one after the other; 16-byte stores are served 8 threads at a time. With
             # the 8 threads of one row, threads q and q + 4 hit the same chunk slot of two
             # swizzle atoms (a 2-way bank conflict on every NoPE store). Each group of 8 threads takes two
@@ -459,7 +460,7 @@ class AttentionKernel:
         gmem_thr_copy = gmem_tiled_copy.get_slice(gtid)
         tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((self.tile_tokens, self.d_qk)))
         nope_thr_copy = None
-        if const_expr(self.fp8):
+        if const_expr(self.paired_rows):
             # each thread dequantises 16 e4m3 per 128-column block of its rows to the K tile
             store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
             nope_thr_copy = cute.make_tiled_copy_tv(store_atom, thr_layout, cute.make_layout((1, 16))).get_slice(gtid)

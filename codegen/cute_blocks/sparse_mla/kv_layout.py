@@ -56,7 +56,50 @@ class Bf16Record:
         return self.d_nope + self.d_rope
 
 
-RECORDS = {"fp8_ds_mla": Fp8DsMlaRecord, "bf16": Bf16Record}
+@dataclass(frozen=True)
+class Model1Fp8Record:
+    """model1_fp8 (FlashMLA's MODEL1 layout, DeepSeek-V4): a uint8 [blocks, page_bytes] cache
+    of pages of P tokens. The first P x token_bytes bytes hold each token's d_nope e4m3 NoPE
+    values then its d_rope bf16 RoPE values; then P x SCALE_BYTES bytes hold each token's UE8M0
+    exponents, one per SCALE_GROUP NoPE values, and pad bytes. The page stride is
+    page_bytes(P), P x bytes rounded up to a multiple of token_bytes, or more (a view)."""
+
+    d_nope: int
+    d_rope: int
+
+    SCALE_GROUP = 64
+    SCALE_BYTES = 8
+    dtype = "uint8"
+
+    def __post_init__(self):
+        assert self.d_nope % self.SCALE_GROUP == 0 and self.n_scales < self.SCALE_BYTES, (self.d_nope,)
+
+    @property
+    def n_scales(self) -> int:
+        return self.d_nope // self.SCALE_GROUP
+
+    @property
+    def token_bytes(self) -> int:
+        return self.d_nope + 2 * self.d_rope
+
+    @property
+    def rope_off(self) -> int:
+        return self.d_nope
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one token in its page (token data and scales, which are not adjacent)."""
+        return self.token_bytes + self.SCALE_BYTES
+
+    def scale_off(self, page: int) -> int:
+        """Byte offset of the scales in a page of `page` tokens."""
+        return page * self.token_bytes
+
+    def page_bytes(self, page: int) -> int:
+        return -(-page * self.bytes // self.token_bytes) * self.token_bytes
+
+
+RECORDS = {"fp8_ds_mla": Fp8DsMlaRecord, "bf16": Bf16Record, "model1_fp8": Model1Fp8Record}
 
 
 def kv_record(kv_format: str, d_nope: int, d_rope: int):

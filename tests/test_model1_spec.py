@@ -1,0 +1,50 @@
+"""DeepSeek-V4's model1_fp8 format as a sparse MLA spec: validation names the field, the module
+is the V3.2 kernel with the model1 format block, and the runtime checks the page tensor."""
+import pytest
+import torch
+
+from b12x.attention import sparse_mla as sm
+from b12x.errors import InputError
+from b12x.reference import model1_page_bytes, quantize_model1_fp8
+from codegen.render import render
+from codegen.specs import SparseMLASpec, SpecError
+
+V4 = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, kv_format="model1_fp8")
+
+
+def test_validation_names_the_field():
+    with pytest.raises(SpecError, match=r"q_head_dim: got 576; allowed: 512 \(kv_format 'model1_fp8'\)"):
+        SparseMLASpec(kv_format="model1_fp8", num_heads=16)
+    with pytest.raises(SpecError, match=r"page_size: got 128; allowed: 64, 256"):
+        SparseMLASpec(**V4, num_heads=16, page_size=128)
+    with pytest.raises(SpecError, match=r"num_heads: got 64; allowed: 8, 16 \(kv_format 'model1_fp8' on sm_90a\)"):
+        SparseMLASpec(**V4, num_heads=64)
+    with pytest.raises(SpecError, match=r"num_heads: got 16; allowed: none yet \(kv_format 'model1_fp8' on sm_120a\)"):
+        SparseMLASpec(**V4, num_heads=16, arch="sm_120a")
+    with pytest.raises(SpecError, match=r"page_size: got 256; allowed: 64 \(kv_format 'fp8_ds_mla'\)"):
+        SparseMLASpec(num_heads=16, page_size=256)
+
+
+@pytest.mark.parametrize("page", (64, 256))
+def test_module_is_the_register_form_with_the_model1_block(page):
+    spec = SparseMLASpec(**V4, num_heads=16, page_size=page)
+    src = render(spec)
+    assert "Model1RegsGather" in src and "Fp8RegsGather" not in src
+    assert f"PAGE_SIZE = {page} " in src and "D_QK = 512" in src and "D_V = 512" in src
+    assert spec.name == "sparse_mla_decode_h16_k2048_model1_fp8" + ("" if page == 64 else f"_p{page}") + "_sm_90a"
+
+
+def test_runtime_checks_the_pages():
+    caps = sm.Caps(num_heads=8, kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, page_size=256,
+                   arch="sm_90a", num_sms=132, max_rows=4)
+    p = sm.plan(caps)
+    pages = quantize_model1_fp8(torch.randn(2, 256, 512))
+    assert pages.shape == (2, model1_page_bytes(256))
+    sm.check_kv_cache(pages, "model1_fp8", pages.device, kv_lora_rank=448, rope_dim=64, page_size=256)
+    wide = torch.zeros(2, model1_page_bytes(256) + 576, dtype=torch.uint8)[:, :model1_page_bytes(256)]
+    sm.check_kv_cache(wide, "model1_fp8", wide.device, kv_lora_rank=448, rope_dim=64, page_size=256)  # a page-strided view
+    with pytest.raises(InputError, match=r"kv_cache: expected shape \(\*, 37440\)"):
+        sm.check_kv_cache(pages, "model1_fp8", pages.device, kv_lora_rank=448, rope_dim=64, page_size=64)
+    with pytest.raises(InputError, match="q: expected shape"):
+        p.bind(torch.empty(p.scratch_bytes(), dtype=torch.uint8), q=torch.zeros(2, 8, 576, dtype=torch.bfloat16),
+               indices=torch.zeros(2, 64, dtype=torch.int32), lengths=torch.zeros(2, dtype=torch.int32))
