@@ -11,11 +11,6 @@ _SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
 WGMMA_ENABLED = True
 # sm_90a fp8 64-head decode blocks: producer warpgroup + two fp16 K stages (see decode_tiling).
 PRODUCER_ENABLED = True
-# fp8 records through registers at 8/16 heads (one K stage, the registers hold one tile): tiles
-# of records also brought into L2 ahead of the register loads (cp.async.bulk.prefetch.L2), so
-# more of the gather is in flight than the registers hold. 0: off. Not yet measured on the GPU
-# (docs/notes/mma-forms.md, "8 heads per rank").
-L2_PREFETCH_TILES = 0
 # Sparse MLA decode's combine: above this many splits per row, "combine_many_splits" runs. It
 # loads every split of a thread before the weights are known, guarded rather than clamped,
 # because ptxas sinks clamped loads below the lse reduction and the kernel then waits for two or
@@ -164,9 +159,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         smem += stages * head_block * 4     # sMax: the running max, warpgroup 0 -> 1
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
-    l2_prefetch_tiles = L2_PREFETCH_TILES if (fp8_regs and not producer) else 0
     return {
-        "l2_prefetch_tiles": l2_prefetch_tiles,
         "head_block": head_block,
         "tile_tokens": tile_tokens,
         "warps_m": warps_m,

@@ -5,23 +5,10 @@ producer warpgroup; or staged raw in shared memory and dequantised there)."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cutlass_dsl import dsl_user_op
 
 from .barriers import BAR_EMPTY, BAR_FULL
 from .kv_format import Fp8DsMlaDequant, Model1Dequant
-
-
-@dsl_user_op
-def prefetch_l2(addr: Int64, nbytes: int, *, loc=None, ip=None):
-    """Start bringing nbytes (a multiple of 16) at a 16-byte aligned generic address of global
-    memory into L2, with nothing to wait for: cp.async.bulk.prefetch.L2 (sm_90 on)."""
-    llvm.inline_asm(
-        None, [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "{ .reg .u64 g; cvta.to.global.u64 g, $0; cp.async.bulk.prefetch.L2.global [g], " + str(nbytes) + "; }",
-        "l", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 class GatherRows:
@@ -145,33 +132,6 @@ class Fp8RegsPipeline(GatherRows):
                 sBias[stage * self.tile_tokens + r] = Float32(0.0) if live else -Float32.inf
             if const_expr(not (defer_last and m == cute.size(rSlot) - 1)):
                 self.refill_row(copies, regs, src, has_next, ahead, m)
-
-    @cute.jit
-    def prefetch_slot(self, mKV, slot, n_slots):
-        """L2 prefetch of a record (nothing for a masked slot)."""
-        if self.live_slot(slot, n_slots):
-            prefetch_l2(self.row_address(mKV, slot, self.record.bytes), self.record.bytes)
-
-    @cute.jit
-    def prefetch_first(self, mKV, mIdx, row, tok_begin, tok_end, n_slots, gtid, rPf):
-        """Tiles 1 .. L2_PREFETCH_TILES into L2 (tile 0 goes straight to registers), then rPf <-
-        this thread's slot in the tile after them. One record per gather thread below TILE_TOKENS
-        and tile; the records are loaded into registers L2_PREFETCH_TILES tiles later, so that
-        many more tiles are in flight than the registers hold."""
-        for j in cutlass.range_constexpr(-(-self.l2_prefetch_tiles * self.tile_tokens // self.gather_threads)):
-            lin = gtid + j * self.gather_threads
-            tile = 1 + lin // self.tile_tokens
-            if tile <= self.l2_prefetch_tiles:
-                self.prefetch_slot(mKV, self.index_at(mIdx, row, tok_begin, tile, tok_end, lin % self.tile_tokens), n_slots)
-        rPf[0] = self.index_at(mIdx, row, tok_begin, self.l2_prefetch_tiles + 1, tok_end, gtid % self.tile_tokens)
-
-    @cute.jit
-    def prefetch_next(self, mKV, mIdx, row, tok_begin, tok_end, tile, n_slots, gtid, rPf):
-        """rPf's record (tile - 1) into L2, then rPf <- the slot of `tile`, not waited on: it was
-        loaded a tile ago, so the prefetch never waits for an index."""
-        if gtid < self.tile_tokens:
-            self.prefetch_slot(mKV, rPf[0], n_slots)
-            rPf[0] = self.index_at(mIdx, row, tok_begin, tile, tok_end, gtid)
 
     @cute.jit
     def refill_row(self, copies, regs, src, has_next, ahead, m: cutlass.Constexpr):

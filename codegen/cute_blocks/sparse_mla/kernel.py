@@ -221,16 +221,11 @@ class AttentionKernel:
             if n_tiles > 0:
                 self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
             self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
-            rPf = cute.make_rmem_tensor((1,), Int32)   # the slot this thread prefetches next
-            if const_expr(self.l2_prefetch_tiles > 0):
-                self.prefetch_first(mKV, mIdx, row, tok_begin, tok_end, n_slots, tidx, rPf)
             sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
 
             # one K stage (two CTAs per SM): dequantise tile t, each row's registers reloaded with
             # t+1's record as soon as the row is stored, so they travel while tile t is multiplied
             for t in cutlass.range(n_tiles, unroll=1):
-                if const_expr(self.l2_prefetch_tiles > 0):
-                    self.prefetch_next(mKV, mIdx, row, tok_begin, tok_end, t + 2 + self.l2_prefetch_tiles, n_slots, tidx, rPf)
                 cute.arch.sync_threads()            # everyone's PV of tile t-1 has read the stage
                 self.dequant_fp8_regs(sK[None, None, 0], sBias, 0, (tKcK, nope_thr_copy, gmem_thr_copy), regs,
                                       (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots), t + 1 < n_tiles, t + 2)
