@@ -91,7 +91,7 @@ class SparseMLASpec(KernelSpec):
     64 runs on the same artifact."""
 
     family: ClassVar[str] = "sparse_mla"
-    template: ClassVar[str] = "sparse_mla_decode.py.j2"
+    template: ClassVar[str] = "sparse_mla.py.j2"
 
     q_head_dim: int = 576
     kv_lora_rank: int = 512

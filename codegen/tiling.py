@@ -1,6 +1,6 @@
 """Tile parameters for the generated kernels (pure Python: no cutlass import).
 
-`decode_tiling` feeds templates/sparse_mla_decode.py.j2 as the `tile` variable (through
+`decode_tiling` feeds templates/sparse_mla.py.j2 as the `tile` variable (through
 SparseMLASpec.tiling, which passes the spec's head dims and KV record size).
 """
 

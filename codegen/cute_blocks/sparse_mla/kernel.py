@@ -2,7 +2,7 @@
 normalised partial o and its base-2 lse) or extend (one CTA per row and head block over the
 whole row, writing out and lse). What every form shares lives in AttentionKernel: the host
 setup (shared-memory layouts, tiled MMAs), the split of the CTA into roles, the Q load, the token
-range and the tile loop of each pipeline. A kernel class composes it with a gather block
+range and the epilogue call; the tile loop of each pipeline is in pipelines.py. A kernel class composes it with a gather block
 (gather.py), an MMA form (mma_warp.py, mma_wgmma.py, mma_wgmma_heads_n.py) and an epilogue
 (epilogue.py); the generated module sets the config in __init__, and const_expr on it picks
 the code at trace time."""
@@ -11,8 +11,9 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .barriers import BAR_EMPTY, BAR_FULL, BAR_MMA
+from .barriers import BAR_MMA
 from .fragments import swizzled_atom
+from .pipelines import TilePipelines
 
 # setmaxnreg split of the CTA's registers in the producer form: the producer holds a tile of
 # records (~104) and sets the pace at large batches, so it must not spill (at 120 it does). The
@@ -26,7 +27,7 @@ S_WG_REGS = 192
 V_WG_REGS = 160
 
 
-class AttentionKernel:
+class AttentionKernel(TilePipelines):
     """The shared part of the split (decode) and extend kernel classes. Config (set by the
     generated module): the spec (num_heads, fp8, extend; the head dims d_qk = d_nope + d_rope
     of q and K, d_v of V, the first d_v columns of K), the tiling (head_block, tile_tokens,
@@ -142,9 +143,11 @@ class AttentionKernel:
             sK = storage.sK.get_tensor(sK_layout)
             sP = storage.sP.get_tensor(sP_layout)
         sBias = storage.sBias.get_tensor(cute.make_layout(self.bias_slots * self.tile_tokens))
+        raw_base = None
         if const_expr(self.raw_stages > 0):
             raw_base = storage.sRaw.data_ptr()
         sRed = storage.sRed.get_tensor(cute.make_layout(self.red_slots))
+        sMax = None
         if const_expr(self.s_one_warpgroup):
             sMax = storage.sMax.get_tensor(cute.make_layout(self.stages * self.head_block))
 
@@ -196,151 +199,24 @@ class AttentionKernel:
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
 
+        cta = (tidx, row, wn, lane, q_thr_copy)
+        smem = (storage, sQ_layout, sQ, sK, sP, sBias, sRed, sMax, raw_base)
+        rows = (mKV, mIdx, tok_begin, tok_end, n_tiles)
+        gather = None                             # the producer form's producer warpgroup gathers
+        if const_expr(not self.producer):
+            gather = (gmem_tiled_copy, gmem_thr_copy, nope_thr_copy, tKcK, rIdx, n_slots)
+        # the tile loop of this form (pipelines.py), over the state above
+        state = (cta, smem, rows, gather, (tiled_mma_s, tiled_mma, thr_mma), (acc_O, row_max, row_sum, sm_scale_log2))
         if const_expr(self.producer):
-            # ---- MMA warps: Q -> fp16 once, then each tile as the producer fills its stage -----
-            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
-            cute.arch.fence_view_async_shared()     # fp16 Q (st.shared) is read by wgmma
-            self.mma_sync()
-            # (Tile t + 1's S is not issued before tile t's softmax, the warpgroups do not alternate
-            # tiles, and warpgroup 1 dequantises nothing: each makes the producer and the MMA warps wait
-            # for each other or costs registers that serialise the wgmmas; docs/notes/mma-forms.md,
-            # docs/notes/decode-pipeline.md.)
-            for t in cutlass.range(n_tiles, unroll=1):
-                stage = t % self.stages
-                cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
-                acc_S = None
-                if const_expr(role == 0):
-                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
-                self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
-                                  stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
-                if t + self.stages < n_tiles:            # the producer fills tile t + STAGES there
-                    cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
+            self.run_tiles_producer(*state, role=role)
         elif const_expr(self.fp8_regs):
-            # ---- prologue: tile 0's records in registers; Q -> fp16 ----------------------------
-            regs = self.make_fp8_regs()
-            if n_tiles > 0:
-                self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
-            self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
-            sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
-
-            # one K stage (two CTAs per SM): dequantise tile t, each row's registers reloaded with
-            # t+1's record as soon as the row is stored, so they travel while tile t is multiplied
-            for t in cutlass.range(n_tiles, unroll=1):
-                cute.arch.sync_threads()            # everyone's PV of tile t-1 has read the stage
-                self.dequant_fp8_regs(sK[None, None, 0], sBias, 0, (tKcK, nope_thr_copy, gmem_thr_copy), regs,
-                                      (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots), t + 1 < n_tiles, t + 2)
-                cute.arch.fence_view_async_shared()
-                cute.arch.sync_threads()
-                acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
-                self.compute_tile_wg(
-                    thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
-                    wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
-                    sm_scale_log2=sm_scale_log2,
-                )
+            self.run_tiles_fp8_regs(*state)
         elif const_expr(self.fp8):
-            # ---- prologue: RAW_STAGES tiles of raw records in flight ---------------------------
-            # One commit group per tile, empty past the last tile, so wait_group counts stay fixed.
-            for s in cutlass.range_constexpr(self.raw_stages):
-                if s < n_tiles:
-                    self.issue_fp8_raw(mKV, raw_base, sBias, s, tKcK, rIdx, n_slots)
-                cute.arch.cp_async_commit_group()
-                self.load_indices(mIdx, row, tok_begin, s + 1, tok_end, tKcK, rIdx)
-
-            for t in cutlass.range(n_tiles, unroll=1):
-                slot = t % self.raw_stages
-                # raw tile t (and Q) landed for this thread; the barrier publishes every thread's
-                # part and guarantees everyone finished tile t-1's MMAs, which read sK.
-                cute.arch.cp_async_wait_group(self.raw_stages - 1)
-                if const_expr(self.wgmma):
-                    cute.arch.fence_view_async_shared()     # Q (cp.async) is read by wgmma
-                cute.arch.sync_threads()
-                self.dequant_fp8_tile(raw_base, sK[None, None, 0], sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy)
-                if const_expr(self.wgmma):
-                    cute.arch.fence_view_async_shared()     # dequantised K (st.shared) is read by wgmma
-                cute.arch.sync_threads()
-                if const_expr(self.wgmma):
-                    # S = Q K^T runs on the tensor cores while this thread issues the next raw tile
-                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
-                # raw slot `slot` is free again: start tile t + RAW_STAGES there
-                if t + self.raw_stages < n_tiles:
-                    self.issue_fp8_raw(mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots)
-                cute.arch.cp_async_commit_group()
-                self.load_indices(mIdx, row, tok_begin, t + self.raw_stages + 1, tok_end, tKcK, rIdx)
-                if const_expr(self.wgmma):
-                    self.compute_tile_wg(
-                        thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=self.raw_stages,
-                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
-                        sm_scale_log2=sm_scale_log2,
-                    )
-                else:
-                    self.compute_tile(
-                        tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, 0], sP, sBias, sRed, self.raw_stages, wn, lane,
-                        acc_O, row_max, row_sum, sm_scale_log2,
-                    )
+            self.run_tiles_fp8_raw(*state)
+        elif const_expr(self.p_in_rope):
+            self.run_tiles_bf16_p_in_rope(*state)
         else:
-            # ---- prologue: gather tile 0 into stage 0 -----------------------------------------
-            if n_tiles > 0:
-                self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
-                cute.arch.cp_async_commit_group()
-                self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
-
-            if const_expr(self.p_in_rope):
-                for t in cutlass.range(n_tiles, unroll=1):
-                    # tile t (and Q) landed: publish every thread's part to wgmma
-                    cute.arch.cp_async_wait_group(0)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.sync_threads()
-                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
-                    self.compute_tile_wg(
-                        thr_mma, sKs=sK[None, None, 0], sP=sP[None, None, 0], sBias=sBias, sRed=sRed, stage=0,
-                        wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
-                        sm_scale_log2=sm_scale_log2,
-                    )
-                    if t + 1 < n_tiles:
-                        cute.arch.sync_threads()    # every PV of tile t is done reading the stage
-                        self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
-                        cute.arch.cp_async_commit_group()
-                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
-            else:
-                for t in cutlass.range(n_tiles, unroll=1):
-                    stage = t % 2
-                    # Tile t (and Q) landed for this thread; the barrier publishes every thread's part,
-                    # and guarantees everyone finished tile t-1, whose stage we now overwrite.
-                    cute.arch.cp_async_wait_group(0)
-                    if const_expr(self.wgmma):
-                        cute.arch.fence_view_async_shared()     # Q and K (cp.async) are read by wgmma
-                    cute.arch.sync_threads()
-                    if const_expr(self.s_one_warpgroup):
-                        # warpgroup 0's S of tile t runs on the tensor cores while every thread issues the
-                        # gather of t + 1
-                        acc_S = None
-                        if const_expr(role == 0):
-                            acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
-                    elif const_expr(self.wgmma and self.s_before_gather):
-                        # S of tile t runs on the tensor cores while this thread issues the gather of t + 1
-                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
-                    if t + 1 < n_tiles:
-                        self.gather_bf16(mKV, sK[None, None, 1 - stage], sBias, 1 - stage, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
-                        cute.arch.cp_async_commit_group()
-                        self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
-                    if const_expr(self.wgmma and not self.s_before_gather):
-                        # the gather bounds this tile: its loads go out before the S wgmmas are issued
-                        acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
-
-                    if const_expr(self.s_one_warpgroup):
-                        self.tile_by_role(role, thr_mma, sK[None, None, stage], sP, sBias, sRed, sMax, stage, lane, acc_S,
-                                          acc_O, row_max, row_sum, sm_scale_log2)
-                    elif const_expr(self.wgmma):
-                        self.compute_tile_wg(
-                            thr_mma, sKs=sK[None, None, stage], sP=sP, sBias=sBias, sRed=sRed, stage=stage,
-                            wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
-                            sm_scale_log2=sm_scale_log2,
-                        )
-                    else:
-                        self.compute_tile(
-                            tiled_mma_s, tiled_mma, thr_mma, sQ, sK[None, None, stage], sP, sBias, sRed, stage, wn, lane,
-                            acc_O, row_max, row_sum, sm_scale_log2,
-                        )
+            self.run_tiles_bf16(*state, role=role)
 
         cute.arch.cp_async_wait_group(0)
         if const_expr(self.extend):
