@@ -29,7 +29,8 @@ import torch
 
 from codegen.catalog import DcpConfig, IndexerConfig, ModelConfig, get_preset
 from codegen.indexer_specs import TOPK_WIDTH_MAX
-from codegen.specs import KernelSpec, SparseMLASpec
+from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
+from codegen.specs import SPARSE_MLA_HEAD_DIMS, KernelSpec
 
 from . import dcp as _dcp
 from . import indexer as _indexer
@@ -54,11 +55,18 @@ class PrewarmKey:
     num_heads: int
     kv_format: str
     arch: str
+    rope_dim: int = 64
+    v_head_dim: int = 512
+    page_size: int = 64
+    extra_topk: int = 0
+    extra_page_size: int = 0
 
     def caps(self, mode: str = "decode") -> sparse_mla.Caps:
         return sparse_mla.Caps(num_heads=self.num_heads, topk=self.topk, kv_format=self.kv_format,
                                max_rows=self.max_rows, mode=mode, q_head_dim=self.q_head_dim,
-                               kv_lora_rank=self.kv_lora_rank, arch=self.arch)
+                               kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, v_head_dim=self.v_head_dim,
+                               page_size=self.page_size, extra_topk=self.extra_topk,
+                               extra_page_size=self.extra_page_size, arch=self.arch)
 
     def specs(self) -> list[KernelSpec]:
         """Every artifact the bundle needs: decode (split + combine) and extend. Each serves all
@@ -79,9 +87,20 @@ def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
     q = torch.randn(rows, caps.num_heads, caps.q_head_dim, device=device, dtype=torch.bfloat16, generator=g)
     idx = torch.randint(0, 64, (rows, caps.topk), device=device, dtype=torch.int32, generator=g)
     lengths = torch.full((rows,), caps.topk, device=device, dtype=torch.int32)
+    if caps.kv_format == "model1_fp8":    # [blocks, page_bytes] pages
+        rec = kv_record(caps.kv_format, caps.kv_lora_rank, caps.rope_dim)
+        kv = torch.zeros(1, rec.page_bytes(caps.page_size), device=device, dtype=torch.uint8)
+        extra = {}
+        if caps.extra_topk:
+            extra = dict(extra_indices=torch.randint(0, caps.extra_page_size, (rows, caps.extra_topk), device=device,
+                                                     dtype=torch.int32, generator=g),
+                         extra_lengths=torch.full((rows,), caps.extra_topk, device=device, dtype=torch.int32),
+                         extra_kv_cache=torch.zeros(1, rec.page_bytes(caps.extra_page_size), device=device,
+                                                    dtype=torch.uint8))
+        return q, idx % caps.page_size, lengths, kv, extra
     dtype, last = sparse_mla.kv_token(caps.kv_format, caps.kv_lora_rank, caps.rope_dim)
     kv = torch.zeros(1, 64, last, device=device, dtype=dtype)
-    return q, idx, lengths, kv
+    return q, idx, lengths, kv, {}
 
 
 def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: int = 2048, max_rows: int | None = None,
@@ -120,9 +139,10 @@ def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: to
     graphs use (1, 2, 4, max_rows, capped at the plan), binding the caller's scratch every call."""
     run = {"decode": sparse_mla.run_decode, "extend": sparse_mla.run_extend}[p.caps.mode]
     for rows in sorted({r for r in (1, 2, 4, max_rows) if r <= p.caps.max_rows}):
-        q, idx, lengths, kv = _warm_inputs(p, rows, device)
-        b = p.bind(scratch, q=q, indices=idx, lengths=lengths)
-        run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5)
+        q, idx, lengths, kv, extra = _warm_inputs(p, rows, device)
+        extra_kv = extra.pop("extra_kv_cache", None)
+        b = p.bind(scratch, q=q, indices=idx, lengths=lengths, **extra)
+        run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5, extra_kv_cache=extra_kv)
 
 
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,
@@ -252,9 +272,12 @@ def preset_bundle(name: str, *, arch: str, num_sms: int, max_rows: int | None = 
     mla: list[PrewarmKey] = []
     ix: list[_indexer.Caps] = []
     dcp_caps = None
+    require(arch in preset.archs, f"arch: preset {name!r} has kernels for {', '.join(preset.archs)} only, got {arch!r}")
     for cfg in preset.configs:
         if isinstance(cfg, ModelConfig):
-            mla.append(PrewarmKey(SparseMLASpec.q_head_dim, SparseMLASpec.kv_lora_rank, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch))
+            (q_dim, nope, rope, v_dim), = SPARSE_MLA_HEAD_DIMS[cfg.kv_format]
+            mla.append(PrewarmKey(q_dim, nope, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch, rope, v_dim,
+                                  cfg.page_size, cfg.extra_topk, cfg.extra_page_size))
         elif isinstance(cfg, IndexerConfig):
             shapes = [("paged", c) for c in cfg.compress_ratios] + [("contiguous", 1)]
             ix += [_indexer.Caps(num_heads=cfg.num_heads, topk=cfg.topk, compress_ratio=c, mode=mode,

@@ -23,13 +23,16 @@ class ModelConfig:
     kv_format: str = "fp8_ds_mla"
     topk: int = 2048
     page_size: int = 64
+    extra_topk: int = 0          # DeepSeek-V4 layers with a compressed cache: the extra list
+    extra_page_size: int = 0
 
     def specs(self, arch: str) -> list[KernelSpec]:
         """Decode and extend: an engine's prewarm bundle routes between them by rows per request.
         The head dims are the format's (SPARSE_MLA_HEAD_DIMS; one set per format so far)."""
         (q, nope, rope, v), = SPARSE_MLA_HEAD_DIMS[self.kv_format]
         return [SparseMLASpec(q_head_dim=q, kv_lora_rank=nope, rope_dim=rope, v_head_dim=v, num_heads=self.num_heads,
-                              kv_format=self.kv_format, topk=self.topk, page_size=self.page_size, mode=m, arch=arch)
+                              kv_format=self.kv_format, topk=self.topk, page_size=self.page_size, mode=m, arch=arch,
+                              extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
                 for m in SPARSE_MLA_MODES]
 
 
@@ -132,8 +135,11 @@ PRESETS: dict[str, Preset] = {
                tuple(ModelConfig(h, f, topk=8192) for f in V32_FORMATS for h in (16, 128))),
         # DeepSeek-V4's format, so far the 8/16-head register form on sm_90a and the main
         # (sliding-window) cache alone (codegen.specs.SPARSE_MLA_FORMAT_HEADS)
-        Preset("sparse-mla-model1", "sparse MLA over model1_fp8 pages (DeepSeek-V4): 8, 16 heads, pages 64, 256",
-               tuple(ModelConfig(h, "model1_fp8", page_size=p) for h in (8, 16) for p in (64, 256)),
+        Preset("sparse-mla-model1", "sparse MLA over model1_fp8 pages (DeepSeek-V4): 8, 16 heads, pages 64, 256; "
+               "main alone, + C4 (1024, page 64), + C128 (8192, page 2)",
+               tuple(ModelConfig(h, "model1_fp8", page_size=p) for h in (8, 16) for p in (64, 256))
+               + tuple(ModelConfig(h, "model1_fp8", topk=512, page_size=256, extra_topk=xk, extra_page_size=xp)
+                       for h in (8, 16) for xk, xp in ((1024, 64), (8192, 2))),
                archs=("sm_90a",)),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),

@@ -73,6 +73,8 @@ SPARSE_MLA_HEAD_DIMS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
 }
 # Tokens per cache page each KV format serves (model1_fp8: the sliding-window cache's pages).
 SPARSE_MLA_PAGE_SIZES = {"fp8_ds_mla": (64,), "bf16": (64,), "model1_fp8": (64, 256)}
+# Pages of the extra (compressed) cache a format serves: C4 layers 64 entries, C128 layers 2.
+SPARSE_MLA_EXTRA_PAGE_SIZES = {"model1_fp8": (64, 2)}
 # (kv_format, arch) -> head counts served where a format does not yet serve every head count:
 # model1_fp8 runs the register-path form of 8 and 16 heads (wgmma, heads as N) so far.
 SPARSE_MLA_FORMAT_HEADS = {("model1_fp8", "sm_90a"): (8, 16), ("model1_fp8", "sm_120a"): ()}
@@ -103,6 +105,10 @@ class SparseMLASpec(KernelSpec):
     page_size: int = 64
     mode: str = "decode"
     arch: str = "sm_90a"
+    # DeepSeek-V4: an extra (compressed) index list over a second cache, in the same softmax as
+    # the main one; 0: none. extra_topk is its widest row, extra_page_size its cache's page.
+    extra_topk: int = 0
+    extra_page_size: int = 0
 
     def __post_init__(self) -> None:
         c = type(self).__name__
@@ -117,6 +123,12 @@ class SparseMLASpec(KernelSpec):
                  ", ".join(map(str, pages)) + f" (kv_format {self.kv_format!r})")
         _require(c, "mode", self.mode, self.mode in SPARSE_MLA_MODES, ", ".join(SPARSE_MLA_MODES))
         _require(c, "arch", self.arch, self.arch in SUPPORTED_ARCHS, ", ".join(SUPPORTED_ARCHS))
+        extra_pages = SPARSE_MLA_EXTRA_PAGE_SIZES.get(self.kv_format, ())
+        _require(c, "extra_page_size", self.extra_page_size, self.extra_page_size in (0, *extra_pages),
+                 ", ".join(map(str, (0, *extra_pages))) + f" (kv_format {self.kv_format!r}; 0: no extra list)")
+        _require(c, "extra_topk", self.extra_topk, isinstance(self.extra_topk, int) and self.extra_topk % 64 == 0
+                 and (self.extra_topk == 0) == (self.extra_page_size == 0) and 0 <= self.extra_topk <= MAX_TOPK,
+                 f"a multiple of 64 in [64, {MAX_TOPK}] with an extra_page_size, else 0")
         served = SPARSE_MLA_FORMAT_HEADS.get((self.kv_format, self.arch))
         if served is not None:
             _require(c, "num_heads", self.num_heads, self.num_heads in served,
@@ -145,14 +157,15 @@ class SparseMLASpec(KernelSpec):
     @property
     def name(self) -> str:
         page = "" if self.page_size == 64 else f"_p{self.page_size}"
-        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}_{self.kv_format}{page}_{self.arch}"
+        extra = f"_x{self.extra_topk}p{self.extra_page_size}" if self.extra_topk else ""
+        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}{extra}_{self.kv_format}{page}_{self.arch}"
 
     def template_context(self) -> dict:
         from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
 
         return {
             "combine_few_splits": COMBINE_FEW_SPLITS,
-            "max_splits": min(self.topk // 64, MAX_SPLITS),
+            "max_splits": min((self.topk + self.extra_topk) // 64, MAX_SPLITS),
             "num_heads": self.num_heads,
             "kv_format": self.kv_format,
             "topk": self.topk,
@@ -165,6 +178,7 @@ class SparseMLASpec(KernelSpec):
             "d_rope": self.rope_dim,
             "d_v": self.v_head_dim,
             "page_size": self.page_size,
+            "extra_page_size": self.extra_page_size,
             "tile": self.tiling(),
         }
 

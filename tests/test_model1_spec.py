@@ -48,3 +48,40 @@ def test_runtime_checks_the_pages():
     with pytest.raises(InputError, match="q: expected shape"):
         p.bind(torch.empty(p.scratch_bytes(), dtype=torch.uint8), q=torch.zeros(2, 8, 576, dtype=torch.bfloat16),
                indices=torch.zeros(2, 64, dtype=torch.int32), lengths=torch.zeros(2, dtype=torch.int32))
+
+
+def test_extra_list_fields_and_binding():
+    with pytest.raises(SpecError, match=r"extra_page_size: got 4; allowed: 0, 64, 2"):
+        SparseMLASpec(**V4, num_heads=16, extra_topk=512, extra_page_size=4)
+    with pytest.raises(SpecError, match="extra_topk: got 0"):
+        SparseMLASpec(**V4, num_heads=16, extra_page_size=64)
+    with pytest.raises(SpecError, match="extra_page_size: got 64; allowed: 0"):
+        SparseMLASpec(num_heads=16, extra_topk=512, extra_page_size=64)      # fp8_ds_mla has no extra list
+    spec = SparseMLASpec(**V4, num_heads=8, topk=512, page_size=256, extra_topk=8192, extra_page_size=2)
+    src = render(spec)
+    assert "Model1TwoListsGather" in src and "TwoListsSplitKernel" in src and "EXTRA_PAGE_SIZE = 2" in src
+    assert spec.name == "sparse_mla_decode_h8_k512_x8192p2_model1_fp8_p256_sm_90a"
+    assert "MAX_SPLITS = 32" in src
+
+    caps = sm.Caps(num_heads=16, topk=512, kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, page_size=256,
+                   extra_topk=1024, extra_page_size=64, arch="sm_90a", num_sms=132, max_rows=8)
+    p = sm.plan(caps)
+    scr = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+    q = torch.zeros(4, 16, 512, dtype=torch.bfloat16)
+
+    def z(*shape):
+        return torch.zeros(*shape, dtype=torch.int32)
+
+    b = p.bind(scr, q=q, indices=z(4, 128), lengths=z(4), extra_indices=z(4, 512), extra_lengths=z(4))
+    # the splits cover the main entries then the extra ones: 640 positions over the partials
+    assert b.partial_o.shape[1] * b.tokens_per_split >= 640
+    assert len(b.lists("main", "extra")) == 6 and b.lists("main", "extra")[3] == "extra"
+    with pytest.raises(InputError, match="extra_indices, extra_lengths: expected tensors"):
+        p.bind(scr, q=q, indices=z(4, 128), lengths=z(4))
+    with pytest.raises(InputError, match=r"extra_indices: expected a width that is a multiple of 64 in \[64, 1024\]"):
+        p.bind(scr, q=q, indices=z(4, 128), lengths=z(4), extra_indices=z(4, 2048), extra_lengths=z(4))
+    one = sm.plan(sm.Caps(num_heads=16, kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, arch="sm_90a",
+                          num_sms=132, max_rows=8))
+    with pytest.raises(InputError, match="extra_indices, extra_lengths: expected None"):
+        one.bind(torch.empty(one.scratch_bytes(), dtype=torch.uint8), q=q, indices=z(4, 128), lengths=z(4),
+                 extra_indices=z(4, 64), extra_lengths=z(4))

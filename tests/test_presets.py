@@ -25,7 +25,7 @@ MODEL_PRESETS = {
 }
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
 COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
-                     "dcp-topk": 2, "indexer-all": 54}
+                     "dcp-topk": 2, "indexer-all": 54, "sparse-mla-model1": 16}
 
 
 def test_model_and_component_presets():
@@ -79,7 +79,12 @@ def test_default_preset_specs():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_prewarm_bundle_is_the_catalog_bundle(name, arch):
     """What prewarm_preset resolves (from the runtime's own plans) is exactly the preset's specs:
-    nothing built goes unwarmed, and nothing warmed is missing from the build."""
+    nothing built goes unwarmed, and nothing warmed is missing from the build. A preset without
+    kernels for the arch says so."""
+    if arch not in get_preset(name).archs:
+        with pytest.raises(InputError, match=f"arch: preset '{name}' has kernels for"):
+            preset_bundle(name, arch=arch, num_sms=132, max_batched=64)
+        return
     b = preset_bundle(name, arch=arch, num_sms=132, max_batched=64)
     assert set(b.specs()) == set(get_preset(name).specs((arch,)))
     assert (b.dcp is not None) == any(isinstance(s, DcpSpec) for s in b.specs())
@@ -206,3 +211,11 @@ def test_prewarm_preset_orchestration(monkeypatch):
     assert events[-1] == "sync"
     n = len(events)
     assert pw.prewarm_preset("glm-5-tp2", **kw) == bundle and len(events) == n    # memoised
+
+
+def test_a_preset_limited_to_some_archs_has_none_elsewhere():
+    """sparse-mla-model1 has sm_90a kernels only (model1_fp8 is not yet built for sm_120a)."""
+    p = get_preset("sparse-mla-model1")
+    assert p.archs == ("sm_90a",)
+    assert p.specs(("sm_120a",)) == []
+    assert len(p.specs(SUPPORTED_ARCHS)) == 16

@@ -56,11 +56,16 @@ class Caps:
     rope_dim: int = 64            # q is kv_lora_rank NoPE dims then rope_dim RoPE dims
     v_head_dim: int = 512         # out: V is the first v_head_dim dims of K
     page_size: int = 64           # tokens per KV cache page (model1_fp8: 64 or 256)
+    # DeepSeek-V4 layers with a compressed cache: a second index list over a second cache, in the
+    # same softmax (bind's extra_indices / extra_lengths, run's extra_kv_cache). 0: none.
+    extra_topk: int = 0           # the widest extra row (C4: 512 or 1024; C128: up to 8192)
+    extra_page_size: int = 0      # its cache's page (C4: 64, C128: 2)
 
     def spec(self, arch: str) -> SparseMLASpec:
         return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
                              v_head_dim=self.v_head_dim, num_heads=self.num_heads, topk=self.topk,
-                             kv_format=self.kv_format, page_size=self.page_size, mode=self.mode, arch=arch)
+                             kv_format=self.kv_format, page_size=self.page_size, mode=self.mode, arch=arch,
+                             extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
@@ -119,7 +124,8 @@ class SparseMLAPlan(Plan):
 
     def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-             num_rows: torch.Tensor | None = None) -> "Binding":
+             num_rows: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
+             extra_lengths: torch.Tensor | None = None) -> "Binding":
         """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
         out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
@@ -127,8 +133,11 @@ class SparseMLAPlan(Plan):
         Extend only: num_rows, a [1] int32 device tensor, makes rows a capacity: the grid covers
         q.shape[0] rows and rows at or past num_rows[0] exit at once (one graph serves every count).
         q sets the device: every other tensor must be on q's, and run_* needs it to be a CUDA
-        device (bind itself only makes views, so its checks also run on CPU tensors)."""
-        return _bind(self, scratch, q, indices, lengths, out, lse, num_rows)
+        device (bind itself only makes views, so its checks also run on CPU tensors).
+        Plans with an extra list (Caps.extra_topk) take extra_indices [rows, width_x] int32 (a
+        multiple of 64 up to extra_topk) and extra_lengths [rows] int32: one softmax runs over the
+        main entries and the extra ones."""
+        return _bind(self, scratch, q, indices, lengths, out, lse, num_rows, extra_indices, extra_lengths)
 
 
 def plan(caps: Caps) -> SparseMLAPlan:
@@ -149,7 +158,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
     if caps.mode == "decode":
         # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
         head_blocks = -(-h // head_block)
-        partial_rows = max(r * split_plan(r, caps.topk, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
+        width = caps.topk + caps.extra_topk
+        partial_rows = max(r * split_plan(r, width, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
         # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
         # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
         layout = [("partial_o", torch.float16, partial_rows * h * d_v),
@@ -173,10 +183,18 @@ class Binding:
     tokens_per_split: int
     num_rows: Optional[torch.Tensor] = None  # extend: [1] int32 live rows (capacity-sized grid)
     owns_num_rows: bool = False              # extend: num_rows is scratch that run_extend fills
+    extra_indices: Optional[torch.Tensor] = None   # plans with an extra list (Caps.extra_topk)
+    extra_lengths: Optional[torch.Tensor] = None
+
+    def lists(self, kv_cache: torch.Tensor, extra_kv_cache: torch.Tensor | None) -> tuple:
+        """The kernels' cache, indices and lengths arguments: the main list's, then the extra's."""
+        main = (kv_cache, self.indices, self.lengths)
+        return main if self.extra_indices is None else main + (extra_kv_cache, self.extra_indices, self.extra_lengths)
 
 
 def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
-          out: torch.Tensor | None, lse: torch.Tensor | None, num_rows: torch.Tensor | None) -> Binding:
+          out: torch.Tensor | None, lse: torch.Tensor | None, num_rows: torch.Tensor | None,
+          extra_indices: torch.Tensor | None = None, extra_lengths: torch.Tensor | None = None) -> Binding:
     """SparseMLAPlan.bind."""
     caps = plan.caps
     h, d_v = caps.num_heads, caps.v_head_dim
@@ -191,6 +209,23 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
             f"indices: expected a width that is a multiple of {PAGE} in [{PAGE}, {caps.topk}], got {width}")
     # lengths and lse are read and written per element: a slice at any row offset will do
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev, align=4)
+    extra = {}
+    if caps.extra_topk:
+        require(extra_indices is not None and extra_lengths is not None,
+                f"extra_indices, extra_lengths: expected tensors for a plan with an extra list (Caps.extra_topk="
+                f"{caps.extra_topk}), got {type(extra_indices).__name__}, {type(extra_lengths).__name__}")
+        check_tensor("extra_indices", extra_indices, dtype=torch.int32, shape=(rows, None), contiguous=True, device=dev)
+        wx = extra_indices.shape[1]
+        require(wx % PAGE == 0 and PAGE <= wx <= caps.extra_topk,
+                f"extra_indices: expected a width that is a multiple of {PAGE} in [{PAGE}, {caps.extra_topk}], got {wx}")
+        check_tensor("extra_lengths", extra_lengths, dtype=torch.int32, shape=(rows,), contiguous=True, device=dev,
+                     align=4)
+        extra = dict(extra_indices=extra_indices, extra_lengths=extra_lengths)
+        width += wx                        # the splits cover the main entries, then the extra ones
+    else:
+        require(extra_indices is None and extra_lengths is None,
+                "extra_indices, extra_lengths: expected None for a plan without an extra list (Caps.extra_topk=0), "
+                "got tensors")
     _scratch.check(scratch, plan.scratch_bytes(), dev)
     if out is None:
         out = _scratch.view(scratch, plan.regions["out"], (rows, h, d_v))
@@ -203,12 +238,12 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
         if own:  # run_extend writes q's row count here before the launch
             num_rows = _scratch.view(scratch, plan.regions["num_rows"], (1,))
         check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
-        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own)
+        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own, **extra)
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     splits, tps = plan.splits(rows, width)
     return Binding(plan, q, indices, lengths, out, lse,
                    _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, d_v)),
-                   _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps)
+                   _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps, **extra)
 
 
 bind = module_bind(SparseMLAPlan, Binding, __name__)
@@ -224,9 +259,9 @@ def kv_token(kv_format: str, kv_lora_rank: int = SparseMLASpec.kv_lora_rank,
 
 def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device, *,
                    kv_lora_rank: int = SparseMLASpec.kv_lora_rank, rope_dim: int = SparseMLASpec.rope_dim,
-                   page_size: int = PAGE) -> None:
+                   page_size: int = PAGE, name: str = "kv_cache") -> None:
     if kv_format == "model1_fp8":
-        _check_model1_pages(kv_cache, kv_record(kv_format, kv_lora_rank, rope_dim), page_size, device)
+        _check_model1_pages(kv_cache, kv_record(kv_format, kv_lora_rank, rope_dim), page_size, device, name)
         return
     dtype, last = kv_token(kv_format, kv_lora_rank, rope_dim)
     check_tensor("kv_cache", kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
@@ -239,24 +274,31 @@ def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device,
             f"got {kv_cache.stride(0)} elements")
 
 
-def _check_model1_pages(kv_cache: torch.Tensor, rec, page_size: int, device: torch.device) -> None:
+def _check_model1_pages(kv_cache: torch.Tensor, rec, page_size: int, device: torch.device, name: str) -> None:
     """model1_fp8: [blocks, page_bytes] uint8 pages of page_size tokens; the page stride may be
     larger (a page-strided view of a bigger buffer)."""
     page_bytes = rec.page_bytes(page_size)
-    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, page_bytes), device=device)
+    check_tensor(name, kv_cache, dtype=torch.uint8, shape=(None, page_bytes), device=device)
     require(kv_cache.stride(1) == 1 and kv_cache.stride(0) >= page_bytes and kv_cache.stride(0) % 16 == 0,
-            f"kv_cache: expected model1_fp8 pages of {page_size} tokens: byte stride 1 and a page stride >= "
+            f"{name}: expected model1_fp8 pages of {page_size} tokens: byte stride 1 and a page stride >= "
             f"{page_bytes} bytes, a multiple of 16, got strides {kv_cache.stride()}")
 
 
 def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: float,
-               attn_sink: torch.Tensor | None, lse_base: str) -> None:
+               attn_sink: torch.Tensor | None, lse_base: str, extra_kv_cache: torch.Tensor | None = None) -> None:
     p = binding.plan
     q = binding.q
     require(p.caps.mode == mode, f"plan: expected a Caps(mode={mode!r}) plan for run_{mode}, got mode={p.caps.mode!r}")
     check_cuda_anchor("q", q, kv_cache, attn_sink)
     check_kv_cache(kv_cache, p.caps.kv_format, q.device, kv_lora_rank=p.caps.kv_lora_rank, rope_dim=p.caps.rope_dim,
                    page_size=p.caps.page_size)
+    if p.caps.extra_topk:
+        require(extra_kv_cache is not None, "extra_kv_cache: expected the extra list's cache for a plan with an "
+                                            f"extra list (Caps.extra_topk={p.caps.extra_topk}), got None")
+        check_kv_cache(extra_kv_cache, p.caps.kv_format, q.device, kv_lora_rank=p.caps.kv_lora_rank,
+                       rope_dim=p.caps.rope_dim, page_size=p.caps.extra_page_size, name="extra_kv_cache")
+    else:
+        require(extra_kv_cache is None, "extra_kv_cache: expected None for a plan without an extra list, got a tensor")
     require(isinstance(sm_scale, (int, float)) and sm_scale > 0, f"sm_scale: expected a float > 0, got {sm_scale!r}")
     require(lse_base in ("e", "2"), f"lse_base: expected 'e' or '2', got {lse_base!r}")
     if attn_sink is not None:
@@ -266,23 +308,25 @@ def _check_run(binding: Binding, mode: str, kv_cache: torch.Tensor, sm_scale: fl
 
 
 def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
-               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+               attn_sink: torch.Tensor | None = None, lse_base: str = "e",
+               extra_kv_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Many query rows (prefill chunks, MTP verify / draft extend), each with its own indices:
     one launch, one CTA per (row, head block), out and lse written directly. Allocates nothing."""
-    _check_run(binding, "extend", kv_cache, sm_scale, attn_sink, lse_base)
+    _check_run(binding, "extend", kv_cache, sm_scale, attn_sink, lse_base, extra_kv_cache)
     if binding.q.shape[0] == 0:
         return binding.out, binding.lse
     if binding.owns_num_rows:
         binding.num_rows.fill_(binding.q.shape[0])  # a device-side fill: no host sync, graph-capturable
-    _launch_whole_rows(binding.plan.kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, binding.num_rows)
+    _launch_whole_rows(binding.plan.kernels, binding, binding.lists(kv_cache, extra_kv_cache), sm_scale, attn_sink,
+                       lse_base, binding.num_rows)
     return binding.out, binding.lse
 
 
-def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, kv_cache: torch.Tensor, sm_scale: float,
+def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, lists: tuple, sm_scale: float,
                        attn_sink: torch.Tensor | None, lse_base: str, num_rows: torch.Tensor | None) -> None:
     """The extend kernel: one CTA per (row, head block) writes out and lse directly. num_rows,
     a [1] int32 device tensor, limits the live rows of the grid; None: every row is live."""
-    kernels["extend"](binding.q, kv_cache, binding.indices, binding.lengths, binding.out, binding.lse,
+    kernels["extend"](binding.q, *lists, binding.out, binding.lse,
                       _sink_arg(binding, attn_sink),
                       binding.lengths[:1] if num_rows is None else num_rows,  # not read when None
                       float(sm_scale) * LOG2E, int(attn_sink is not None), int(lse_base == "e"),
@@ -313,9 +357,11 @@ def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, hea
 
 
 def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
-               attn_sink: torch.Tensor | None = None, lse_base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch split + combine on the current stream. Returns (out, lse); allocates nothing."""
-    _check_run(binding, "decode", kv_cache, sm_scale, attn_sink, lse_base)
+               attn_sink: torch.Tensor | None = None, lse_base: str = "e",
+               extra_kv_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch split + combine on the current stream. Returns (out, lse); allocates nothing.
+    extra_kv_cache: the extra list's cache, for plans with one (Caps.extra_topk)."""
+    _check_run(binding, "decode", kv_cache, sm_scale, attn_sink, lse_base, extra_kv_cache)
     p = binding.plan
     q = binding.q
     if q.shape[0] == 0:
@@ -324,10 +370,11 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
         # one split per row: the whole-row kernel writes out and lse directly. Not where extend
         # tiles bf16 at 16/32 heads differently (one K stage): slower for decode rows
         # (docs/notes/launch-and-splits.md)
-        _launch_whole_rows(p.whole_row_kernels, binding, kv_cache, sm_scale, attn_sink, lse_base, None)
+        _launch_whole_rows(p.whole_row_kernels, binding, binding.lists(kv_cache, extra_kv_cache), sm_scale, attn_sink,
+                           lse_base, None)
         return binding.out, binding.lse
     k = p.kernels
-    k["split"](q, kv_cache, binding.indices, binding.lengths, binding.partial_o, binding.partial_lse,
+    k["split"](q, *binding.lists(kv_cache, extra_kv_cache), binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
     combine = k[combine_entry(binding.partial_o.shape[1])]
     combine(binding.partial_o, binding.partial_lse, binding.out, binding.lse, _sink_arg(binding, attn_sink),

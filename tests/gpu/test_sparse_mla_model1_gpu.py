@@ -1,6 +1,7 @@
-"""DeepSeek-V4 sparse MLA over model1_fp8 pages (the sliding-window cache alone so far): decode
-and extend at 8 and 16 heads, pages of 64 and 256 tokens, against the torch reference on the
-dequantised pages. Build first: `b12x-codegen build --preset sparse-mla-model1 --arch sm_90a`."""
+"""DeepSeek-V4 sparse MLA over model1_fp8 pages: the sliding-window cache alone (pages of 64 and
+256 tokens) and with a compressed one in the same softmax (C4: page 64; C128: page 2, its list
+filled by CompressedEntries), decode and extend at 8 and 16 heads, against the torch reference
+on the dequantised pages. Build first: `b12x-codegen build --preset sparse-mla-model1 --arch sm_90a`."""
 import math
 
 import pytest
@@ -93,3 +94,95 @@ def test_model1_dequant_is_the_references():
     kv = quantize_model1_fp8(k)
     assert kv.shape[1] == model1_page_bytes(64)
     torch.testing.assert_close(dequantize_model1_fp8(kv, 64), k, rtol=2 ** -3, atol=2e-2)
+
+
+def run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, *, mode="decode", sink=None,
+            lse_base="e"):
+    rows = q.shape[0]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=512, kv_format="model1_fp8", q_head_dim=V4_DIM, kv_lora_rank=448,
+                        page_size=256, extra_topk=xtopk, extra_page_size=xpage, max_rows=max(rows, 1), mode=mode))
+    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+    out = torch.full((rows, heads, V4_DIM), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    b = p.bind(scratch, q=q, indices=idx, lengths=lengths, out=out, lse=lse, extra_indices=xidx, extra_lengths=xlengths)
+    (sm.run_extend if mode == "extend" else sm.run_decode)(b, kv_cache=main, sm_scale=SM_SCALE, attn_sink=sink,
+                                                          lse_base=lse_base, extra_kv_cache=extra)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("mode", ("decode", "extend"))
+@pytest.mark.parametrize("heads", (8, 16))
+@pytest.mark.parametrize("xtopk,xpage,xwidth", [(1024, 64, 512), (1024, 64, 1024), (8192, 2, 8192), (8192, 2, 1024)])
+def test_model1_main_and_extra_in_one_softmax(heads, xtopk, xpage, xwidth, mode):
+    """SWA 128 (page 256) + C4 (page 64) or C128 (page 2): every row's main and extra entries in
+    one softmax; zero-length main or extra lists, a row with neither, -1 and out-of-range ids in
+    both lists, duplicates, a sink and both lse bases."""
+    g = torch.Generator(device="cuda").manual_seed(heads + xtopk + xwidth)
+    main = pages(12, 256, g)
+    extra = pages(-(-xwidth // xpage) + 8, xpage, g, stride_pad=576)
+    rows = 6
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 12 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    xidx = torch.randint(0, extra.shape[0] * xpage, (rows, xwidth), device="cuda", generator=g, dtype=torch.int32)
+    idx[0, ::7] = -1
+    xidx[0, ::5] = extra.shape[0] * xpage + 3           # past the extra cache
+    xidx[1, :30] = xidx[1, 0]                            # duplicates
+    lengths = torch.tensor([128, 0, 77, 128, 0, 100], dtype=torch.int32, device="cuda")
+    xlengths = torch.tensor([xwidth, xwidth - 64, 0, 13, 0, xwidth], dtype=torch.int32, device="cuda")  # row 4: none
+    for sink, base in ((None, "e"), (torch.randn(heads, device="cuda", generator=g), "2")):
+        out, lse = run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, mode=mode, sink=sink,
+                           lse_base=base)
+        ref, ref_lse = sparse_mla_v4_reference(q, main, idx, lengths, SM_SCALE, main_page=256, extra_kv=extra,
+                                               extra_indices=xidx, extra_lengths=xlengths, extra_page=xpage,
+                                               attn_sink=sink)
+        assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"
+        torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+        want = ref_lse if base == "e" else ref_lse / math.log(2.0)
+        fin = torch.isfinite(want)
+        assert torch.equal(torch.isfinite(lse), fin) and not fin[4].any()
+        torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
+
+
+def test_model1_c128_extra_list_from_the_helper_in_a_graph():
+    """The engine's C128 sequence: CompressedEntries fills the extra list from the device lengths
+    and block table, then decode runs; both captured in one CUDA graph and replayed with new
+    lengths, against the reference, with no allocation on replay."""
+    from b12x.metadata import CompressedEntries
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    heads, rows, width, xpage = 16, 4, 8192, 2
+    main = pages(8, 256, g)
+    blocks = width // xpage
+    extra = pages(blocks, xpage, g)
+    table = torch.randperm(blocks, device="cuda", generator=g).to(torch.int32).repeat(rows, 1)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 8 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    lengths = torch.full((rows,), 128, dtype=torch.int32, device="cuda")
+    seq = torch.tensor([5000, 128 * 8192 + 9, 0, 300000], dtype=torch.int32, device="cuda")
+    entries = CompressedEntries(max_rows=rows, width=width, page=xpage, device="cuda")
+    xidx = torch.empty(rows, width, dtype=torch.int32, device="cuda")
+    xlen = torch.empty(rows, dtype=torch.int32, device="cuda")
+    p = sm.plan(sm.Caps(num_heads=heads, topk=512, kv_format="model1_fp8", q_head_dim=V4_DIM, kv_lora_rank=448,
+                        page_size=256, extra_topk=8192, extra_page_size=2, max_rows=rows))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    b = p.bind(scratch, q=q, indices=idx, lengths=lengths, extra_indices=xidx, extra_lengths=xlen)
+
+    def step():
+        entries.fill(seq, table, xidx, xlen)
+        sm.run_decode(b, kv_cache=main, sm_scale=SM_SCALE, extra_kv_cache=extra)
+
+    step()                                   # loads the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([5000, 128 * 8192 + 9, 0, 300000], [128, 999999, 64 * 128, 1]):
+        seq.copy_(torch.tensor(lens, dtype=torch.int32))
+        before = torch.cuda.memory_allocated()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before
+        ref, ref_lse = sparse_mla_v4_reference(q, main, idx, lengths, SM_SCALE, main_page=256, extra_kv=extra,
+                                               extra_indices=xidx, extra_lengths=xlen, extra_page=xpage)
+        assert torch.equal(xlen.cpu(), torch.tensor([min(v // 128, width) for v in lens], dtype=torch.int32))
+        torch.testing.assert_close(b.out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)

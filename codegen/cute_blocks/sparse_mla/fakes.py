@@ -49,7 +49,7 @@ def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks, page_size: int = P
 
 
 def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, d_nope: int, d_rope: int, d_v: int,
-                page_size: int = PAGE_SIZE):
+                page_size: int = PAGE_SIZE, extra_page_size: int = 0):
     """The attention kernel's arguments: q, kv, indices, lengths, then extend's out, lse, sink,
     row count and scalars, or decode's partials and scalars; then the stream."""
     rows = cute.sym_int32()
@@ -63,13 +63,19 @@ def split_fakes(num_heads: int, kv_format: str, extend: bool, tile_tokens: int, 
         Int32, (rows, width), stride_order=(1, 0), assumed_align=16
     )
     lengths = cute.runtime.make_fake_compact_tensor(Int32, (rows,), assumed_align=4)
+    lists = (q, kv, indices, lengths)
+    if extra_page_size:   # the extra cache, its indices and lengths follow the main ones
+        lists += (fake_kv(kv_format, d_nope, d_rope, cute.sym_int32(), extra_page_size),
+                  cute.runtime.make_fake_compact_tensor(Int32, (rows, cute.sym_int32()), stride_order=(1, 0),
+                                                        assumed_align=16),
+                  cute.runtime.make_fake_compact_tensor(Int32, (rows,), assumed_align=4))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if extend:
         out, lse, sink = fake_outputs(num_heads, d_v, rows)
         num_rows = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
-        return (q, kv, indices, lengths, out, lse, sink, num_rows, Float32(1.0), Int32(0), Int32(0), Int32(1), stream)
+        return (*lists, out, lse, sink, num_rows, Float32(1.0), Int32(0), Int32(0), Int32(1), stream)
     part_o, part_lse = fake_partials(num_heads, d_v, rows, cute.sym_int32())
-    return (q, kv, indices, lengths, part_o, part_lse, Float32(1.0), Int32(tile_tokens), stream)
+    return (*lists, part_o, part_lse, Float32(1.0), Int32(tile_tokens), stream)
 
 
 def combine_fakes(num_heads: int, d_v: int):

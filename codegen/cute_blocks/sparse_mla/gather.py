@@ -30,6 +30,15 @@ class GatherRows:
         a tile early (that would expose its latency on every row the producer refills)."""
         return Uint32(slot) < n_slots
 
+    def tile_slots(self, n_slots, tok_begin, tok_end, tile):
+        """The cache bound for the rows of `tile` (what live_slot compares with): one list has one
+        bound; TwoLists picks the bound of the list the tile is in."""
+        return n_slots
+
+    def row_width(self, mIdx):
+        """Entries of a row of the index list(s)."""
+        return mIdx.shape[1]
+
     @cute.jit
     def load_indices(self, mIdx, row, tok_begin, tile, tok_end, tKcK, rIdx):
         """Indices of `tile` for this thread's gather rows; -1 past the split end."""
@@ -48,11 +57,15 @@ class GatherRows:
         return slot
 
     @cute.jit
-    def row_address(self, mKV: cute.Tensor, slot: Int32, record_bytes: cutlass.Constexpr) -> Int64:
-        """64-bit byte address of a token record: base + (slot // 64) * S_blk + (slot % 64) * record."""
+    def row_address(self, mKV: cute.Tensor, slot: Int32, record_bytes: cutlass.Constexpr,
+                    page: cutlass.Constexpr = None) -> Int64:
+        """64-bit byte address of a token record: base + (slot // P) * S_blk + (slot % P) * record,
+        P the cache's page (default: page_size)."""
+        if const_expr(page is None):
+            page = self.page_size
         elem_bytes = mKV.element_type.width // 8
-        blk = Int64(slot // self.page_size)
-        off = Int64(slot % self.page_size)
+        blk = Int64(slot // page)
+        off = Int64(slot % page)
         base = mKV.iterator.toint()
         return base + (blk * Int64(mKV.stride[0]) * elem_bytes) + off * record_bytes
 
@@ -120,7 +133,7 @@ class Fp8RegsPipeline(GatherRows):
         rSlot = regs[-1]
         parts = self.k_tile_parts(sKs, nope_thr_copy, gmem_thr_copy)
         q = self.col_slot(tKcK)
-        n_slots = src[-1]
+        n_slots = self.tile_slots(src[-1], src[4], src[5], ahead - 2)
         for m in cutlass.range_constexpr(cute.size(rSlot)):
             r = tKcK[0, m, 0][0]
             live = self.live_slot(rSlot[m], n_slots)
@@ -143,7 +156,8 @@ class Fp8RegsPipeline(GatherRows):
         mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots = src
         tKcK = copies[0]
         if has_next:
-            self.load_fp8_row(mKV, self.col_slot(tKcK), rIdx[m], n_slots, regs, m)
+            self.load_fp8_row(mKV, self.col_slot(tKcK), rIdx[m], self.tile_slots(n_slots, tok_begin, tok_end, ahead - 1),
+                              regs, m)
         rIdx[m] = self.index_at(mIdx, row, tok_begin, ahead, tok_end, tKcK[0, m, 0][0])
 
 
@@ -153,6 +167,80 @@ class Fp8RegsGather(Fp8DsMlaDequant, Fp8RegsPipeline):
 
 class Model1RegsGather(Model1Dequant, Fp8RegsPipeline):
     """model1_fp8 records through registers (Fp8RegsPipeline)."""
+
+
+class TwoLists:
+    """A main and an extra index list over two caches of one format, in one softmax (DeepSeek-V4:
+    the sliding-window and the compressed cache). The kernel's mKV, mIdx and mLen are then pairs
+    (main, extra); a row's entries run main first, then extra, in 64-token tiles that never mix
+    the lists: the main part is padded to whole tiles (main_len rounded up to 64, `mt64`), so a
+    split's range, the tile of an entry and its list follow from its position alone, and a row
+    costs the tiles of its live entries only. Positions count that padded sequence; tok_end is
+    (end, main_len, mt64, extra_len). Config: tile_tokens, page_size, extra_page_size."""
+
+    def row_width(self, mIdx):
+        return mIdx[0].shape[1] + mIdx[1].shape[1]
+
+    def cache_slots(self, mKV):
+        """(main, extra) token slots of the two cache tensors passed (GatherRows.cache_slots)."""
+        return (Uint32(cutlass.max(mKV[0].shape[0], 0)) * Uint32(self.page_size),
+                Uint32(cutlass.max(mKV[1].shape[0], 0)) * Uint32(self.extra_page_size))
+
+    @cute.jit
+    def token_range(self, mIdx, mLen, row, split, tokens_per_split):
+        """(first position, (end, main_len, mt64, extra_len), tiles) of this CTA's part of the row."""
+        main_len = cutlass.min(cutlass.max(mLen[0][row], 0), mIdx[0].shape[1])
+        extra_len = cutlass.min(cutlass.max(mLen[1][row], 0), mIdx[1].shape[1])
+        mt64 = (main_len + (self.tile_tokens - 1)) // self.tile_tokens * self.tile_tokens
+        tok_begin = split * tokens_per_split
+        end = cutlass.min(tok_begin + tokens_per_split, mt64 + extra_len)
+        n_tiles = (cutlass.max(end - tok_begin, 0) + (self.tile_tokens - 1)) // self.tile_tokens
+        return tok_begin, (end, main_len, mt64, extra_len), n_tiles
+
+    @cute.jit
+    def index_at(self, mIdx, row, tok_begin, tile, tok_end, tok) -> Int32:
+        """Index of token `tok` of `tile` in its list as the caller wrote it; -1 past the split
+        end or the list's length. It only becomes an address or a bias behind live_slot."""
+        end, main_len, mt64, extra_len = tok_end
+        pos = tok_begin + tile * self.tile_tokens + tok
+        slot = Int32(-1)
+        if pos < end:
+            if pos < mt64:
+                if pos < main_len:
+                    slot = mIdx[0][row, pos]
+            else:
+                if pos - mt64 < extra_len:
+                    slot = mIdx[1][row, pos - mt64]
+        return slot
+
+    @cute.jit
+    def tile_slots(self, n_slots, tok_begin, tok_end, tile):
+        """(main bound, extra bound, whether `tile` is in the extra list)."""
+        return n_slots[0], n_slots[1], tok_begin + tile * self.tile_tokens >= tok_end[2]
+
+    @cute.jit
+    def live_slot(self, slot: Int32, n_slots):
+        """GatherRows.live_slot against the bound of the slot's list (tile_slots)."""
+        bound = n_slots[0]
+        if n_slots[2]:
+            bound = n_slots[1]
+        return Uint32(slot) < bound
+
+
+class Model1TwoListsGather(TwoLists, Model1RegsGather):
+    """model1_fp8 records of a main and an extra cache through registers (TwoLists)."""
+
+    @cute.jit
+    def load_fp8_row(self, mKV, q, slot, n_slots, regs, m: cutlass.Constexpr):
+        """Model1Dequant.load_fp8_row from the cache of the row's list (n_slots: tile_slots)."""
+        regs[-1][m] = slot
+        if self.live_slot(slot, n_slots):
+            if n_slots[2]:
+                self.load_model1_row(self.row_address(mKV[1], slot, self.record.token_bytes, self.extra_page_size),
+                                     Int64(slot % self.extra_page_size), self.extra_page_size, q, regs, m)
+            else:
+                self.load_model1_row(self.row_address(mKV[0], slot, self.record.token_bytes),
+                                     Int64(slot % self.page_size), self.page_size, q, regs, m)
 
 
 class Fp8Producer(Fp8RegsGather):
@@ -178,7 +266,7 @@ class Fp8Producer(Fp8RegsGather):
         src = (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots)
         self.load_indices(mIdx, row, tok_begin, 0, tok_end, tKcK, rIdx)
         if n_tiles > 0:
-            self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
+            self.load_fp8_regs(mKV, tKcK, rIdx, self.tile_slots(n_slots, tok_begin, tok_end, 0), regs)
         self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
         for t in cutlass.range(n_tiles, unroll=1):
             stage = t % self.stages

@@ -153,7 +153,7 @@ class AttentionKernel(TilePipelines):
 
         # ---- token range of this split ----------------------------------------------------
         if const_expr(self.extend):
-            tokens_per_split = mIdx.shape[1]    # extend: one CTA covers the whole row
+            tokens_per_split = self.row_width(mIdx)    # extend: one CTA covers the whole row
         tok_begin, tok_end, n_tiles = self.token_range(mIdx, mLen, row, split, tokens_per_split)
 
         if const_expr(not self.producer):
@@ -462,7 +462,7 @@ class ExtendKernel(AttentionKernel):
             live_rows = mNumRows[0]
         if row < live_rows:        # capacity grid: rows past the live count exit at once
             if const_expr(self.s_one_warpgroup):
-                self.split_roles(mKV, mIdx, mLen, mIdx.shape[1], sK_layout, SharedStorage, (
+                self.split_roles(mKV, mIdx, mLen, self.row_width(mIdx), sK_layout, SharedStorage, (
                     mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
                     sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
                 ))
@@ -471,3 +471,97 @@ class ExtendKernel(AttentionKernel):
                     mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
                     sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
                 )
+
+
+class TwoListsSplitKernel(SplitKernel):
+    """Decode over a main and an extra list in one softmax (gather.TwoLists): the extra cache,
+    indices and lengths follow the main ones; attend sees each as a (main, extra) pair. The
+    forms without a separate producer warpgroup only."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, d_qk] bf16
+        mKV: cute.Tensor,         # main cache: [blocks, page_bytes] u8 pages
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mKVx: cute.Tensor,        # extra cache: [blocks_x, extra page_bytes] u8 pages
+        mIdxX: cute.Tensor,       # [rows, width_x] i32
+        mLenX: cute.Tensor,       # [rows] i32
+        mPartO: cute.Tensor,      # [rows, splits, H, d_v] f16
+        mPartLse: cute.Tensor,    # [rows, splits, H] f32
+        sm_scale_log2: Float32,
+        tokens_per_split: Int32,  # positions of the main-then-extra sequence per split
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        grid = (cute.size(mPartO.shape[1]), self.head_blocks, cute.size(mQ.shape[0]))
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mKVx, mIdxX, mLenX, mPartO, mPartLse, sm_scale_log2, tokens_per_split,
+            sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mKVx: cute.Tensor,
+               mIdxX: cute.Tensor, mLenX: cute.Tensor, mPartO: cute.Tensor, mPartLse: cute.Tensor,
+               sm_scale_log2: Float32, tokens_per_split: Int32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_s: cute.TiledMma,
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+        # programmatic launch as in SplitKernel.kernel
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        self.attend(
+            mQ, (mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX), (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+            sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        )
+
+
+class TwoListsExtendKernel(ExtendKernel):
+    """Extend over a main and an extra list in one softmax (gather.TwoLists), as
+    TwoListsSplitKernel is to SplitKernel."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,          # [rows, H, d_qk] bf16
+        mKV: cute.Tensor,         # main cache pages
+        mIdx: cute.Tensor,        # [rows, width] i32
+        mLen: cute.Tensor,        # [rows] i32
+        mKVx: cute.Tensor,        # extra cache pages
+        mIdxX: cute.Tensor,       # [rows, width_x] i32
+        mLenX: cute.Tensor,       # [rows] i32
+        mO: cute.Tensor,          # [rows, H, d_v] bf16
+        mLse: cute.Tensor,        # [rows, H] f32
+        mSink: cute.Tensor,       # [H] f32, read only when has_sink != 0
+        mNumRows: cute.Tensor,    # [1] i32: rows in use
+        sm_scale_log2: Float32,
+        has_sink: Int32,
+        lse_natural: Int32,
+        has_num_rows: Int32,
+        stream,
+    ):
+        sQ_layout, sK_layout, sP_layout, SharedStorage, tiled_mma_s, tiled_mma = self.smem_and_mmas()
+        grid = (1, self.head_blocks, cute.size(mQ.shape[0]))
+        self.kernel(
+            mQ, mKV, mIdx, mLen, mKVx, mIdxX, mLenX, mO, mLse, mSink, mNumRows, sm_scale_log2, has_sink,
+            lse_natural, has_num_rows, sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mKVx: cute.Tensor,
+               mIdxX: cute.Tensor, mLenX: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, mSink: cute.Tensor,
+               mNumRows: cute.Tensor, sm_scale_log2: Float32, has_sink: Int32, lse_natural: Int32,
+               has_num_rows: Int32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sP_layout: cute.ComposedLayout, tiled_mma_s: cute.TiledMma, tiled_mma: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        # programmatic launch and the capacity grid as in ExtendKernel.kernel
+        cute.arch.griddepcontrol_wait()
+        _, _, row = cute.arch.block_idx()
+        live_rows = cute.size(mQ.shape[0])
+        if has_num_rows != 0:
+            live_rows = mNumRows[0]
+        if row < live_rows:
+            self.attend(
+                mQ, (mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX), (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+            )

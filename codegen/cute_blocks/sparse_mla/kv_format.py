@@ -129,19 +129,23 @@ class Model1Dequant(Fp8DsMlaDequant):
         """Global -> registers for row m of this thread, loads that are not waited on here: chunk
         q of each scale group, the token's scale bytes (the same 8 bytes for the row's 8 threads)
         and RoPE chunk q."""
-        rV, rE, rR, rSlot = regs
-        rSlot[m] = slot
+        regs[-1][m] = slot
         if self.live_slot(slot, n_slots):
-            rec = self.record
-            addr = self.row_address(mKV, slot, rec.token_bytes)
-            for k in cutlass.range_constexpr(rec.n_scales):
-                cute.autovec_copy(self.gmem_vec(addr + (rec.SCALE_GROUP * k + 8 * q), cutlass.Float8E4M3FN, 8, align=8),
-                                  rV[None, k, m])
-            cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
-            # the page's scales follow its page_size tokens: addr - off * token + page * token + off * 8
-            off = Int64(slot % self.page_size)
-            scales = addr + (Int64(rec.scale_off(self.page_size)) - off * (rec.token_bytes - rec.SCALE_BYTES))
-            cute.autovec_copy(self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8), rE[None, m])
+            self.load_model1_row(self.row_address(mKV, slot, self.record.token_bytes), Int64(slot % self.page_size),
+                                 self.page_size, q, regs, m)
+
+    @cute.jit
+    def load_model1_row(self, addr: Int64, off: Int64, page: cutlass.Constexpr, q, regs, m: cutlass.Constexpr):
+        """The loads of row m: addr is its token data, `off` its place in a page of `page` tokens."""
+        rV, rE, rR, _ = regs
+        rec = self.record
+        for k in cutlass.range_constexpr(rec.n_scales):
+            cute.autovec_copy(self.gmem_vec(addr + (rec.SCALE_GROUP * k + 8 * q), cutlass.Float8E4M3FN, 8, align=8),
+                              rV[None, k, m])
+        cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
+        # the page's scales follow its tokens: addr - off * token + page * token + off * 8
+        scales = addr + (Int64(rec.scale_off(page)) - off * (rec.token_bytes - rec.SCALE_BYTES))
+        cute.autovec_copy(self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8), rE[None, m])
 
     @cute.jit
     def store_row(self, regs, parts, m: cutlass.Constexpr):

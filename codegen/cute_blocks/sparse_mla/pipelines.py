@@ -66,7 +66,7 @@ class TilePipelines:
         # ---- prologue: tile 0's records in registers; Q -> fp16 ----------------------------
         regs = self.make_fp8_regs()
         if n_tiles > 0:
-            self.load_fp8_regs(mKV, tKcK, rIdx, n_slots, regs)
+            self.load_fp8_regs(mKV, tKcK, rIdx, self.tile_slots(n_slots, tok_begin, tok_end, 0), regs)
         self.load_indices(mIdx, row, tok_begin, 1, tok_end, tKcK, rIdx)
         sQ = self.q_to_fp16(storage, sQ_layout, sQ, q_thr_copy, tidx)
 
