@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .indexer_specs import INDEXER_HEADS, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
+from .indexer_specs import INDEXER_HEADS, TOPK_MAX, IndexerLogitsSpec, IndexerTopKSpec, TopKSpec
 from .specs import SPARSE_MLA_HEAD_DIMS, SPARSE_MLA_HEADS, SPARSE_MLA_MODES, DcpSpec, KernelSpec, SparseMLASpec
 from .toolchain import SUPPORTED_ARCHS
 
@@ -52,8 +52,10 @@ class IndexerConfig:
             out += [IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=c, rows_per_unit=2, arch=arch)
                     for c in self.compress_ratios]
         out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", arch=arch))
-        out += [TopKSpec(k=self.topk, with_scores=s, arch=arch) for s in (False, True)]
-        out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=self.topk, with_scores=s, arch=arch)
+        # the top-k artifacts serve every K up to TOPK_MAX (K is a launch argument): the model's
+        # topk picks the K prewarm launches, not the artifact
+        out += [TopKSpec(k=TOPK_MAX, with_scores=s, arch=arch) for s in (False, True)]
+        out += [IndexerTopKSpec(num_heads=self.num_heads, compress_ratio=c, k=TOPK_MAX, with_scores=s, arch=arch)
                 for c in self.compress_ratios for s in (False, True)]
         return out
 
@@ -65,7 +67,7 @@ class DcpConfig:
     topk: int = 2048
 
     def specs(self, arch: str) -> list[KernelSpec]:
-        return [DcpSpec(arch=arch), TopKSpec(k=self.topk, with_scores=True, arch=arch)]
+        return [DcpSpec(arch=arch), TopKSpec(k=TOPK_MAX, with_scores=True, arch=arch)]
 
 
 @dataclass(frozen=True)
@@ -123,24 +125,57 @@ def model_preset(m: ServedModel, tp: int, kv_format: str = "fp8_ds_mla", suffix:
                   model=m.name)
 
 
+@dataclass(frozen=True)
+class V4Model:
+    """A DeepSeek-V4 model: model1_fp8 pages, three layer kinds (sliding window alone; plus the C4
+    cache and its indexer's top-k; plus every C128 entry), a 64-head c = 4 indexer, at each
+    tensor-parallel degree (its heads per rank: heads_tp1 / degree)."""
+
+    name: str
+    slug: str
+    heads_tp1: int
+    topk: int                       # the C4 indexer's top-k: the C4 layers' extra width
+    degrees: tuple[int, ...]
+    swa_topk: int = 512             # main (sliding-window) rows: 128 in the models, up to 512
+    swa_page: int = 256
+    c4_page: int = 64
+    c128_topk: int = 8192           # every C128 entry of a 1M-token context
+    c128_page: int = 2
+    index_heads: int = 64
+
+
+DEEPSEEK_V4_FLASH = V4Model("DeepSeek-V4-Flash", "deepseek-v4-flash", heads_tp1=64, topk=512, degrees=(1, 2, 4, 8))
+DEEPSEEK_V4_PRO = V4Model("DeepSeek-V4-Pro", "deepseek-v4-pro", heads_tp1=128, topk=1024, degrees=(1, 2, 4, 8, 16))
+
+
+def v4_preset(m: V4Model, tp: int) -> Preset:
+    heads = m.heads_tp1 // tp
+    mla = lambda **kw: ModelConfig(heads, "model1_fp8", topk=m.swa_topk, page_size=m.swa_page, **kw)  # noqa: E731
+    return Preset(f"{m.slug}-tp{tp}",
+                  f"{heads} heads model1_fp8: SWA, +C4 {m.topk}, +C128; indexer {m.index_heads} heads c=4, top-k {m.topk}",
+                  (mla(), mla(extra_topk=m.topk, extra_page_size=m.c4_page),
+                   mla(extra_topk=m.c128_topk, extra_page_size=m.c128_page),
+                   IndexerConfig(m.index_heads, (4,), m.topk), DcpConfig(m.topk)),
+                  model=m.name)
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
         *(model_preset(DEEPSEEK_V32, tp) for tp in DEEPSEEK_V32.degrees),
         *(model_preset(GLM5, tp) for tp in GLM5.degrees),
         model_preset(DEEPSEEK_V32, 8, "bf16", "-bf16"),
+        *(v4_preset(m, tp) for m in (DEEPSEEK_V4_FLASH, DEEPSEEK_V4_PRO) for tp in m.degrees),
         Preset("sparse-mla-all", "sparse MLA decode + extend: all heads, both KV formats",
                tuple(ModelConfig(h, f) for f in V32_FORMATS for h in SPARSE_MLA_HEADS)),
         Preset("sparse-mla-wide", "sparse MLA, index rows up to 8192: 16, 128 heads",
                tuple(ModelConfig(h, f, topk=8192) for f in V32_FORMATS for h in (16, 128))),
-        # DeepSeek-V4's format, so far the 8/16-head register form on sm_90a and the main
-        # (sliding-window) cache alone (codegen.specs.SPARSE_MLA_FORMAT_HEADS)
+        # DeepSeek-V4's format at 8 and 16 heads: both main page sizes, and both extra lists
         Preset("sparse-mla-model1", "sparse MLA over model1_fp8 pages (DeepSeek-V4): 8, 16 heads, pages 64, 256; "
                "main alone, + C4 (1024, page 64), + C128 (8192, page 2)",
                tuple(ModelConfig(h, "model1_fp8", page_size=p) for h in (8, 16) for p in (64, 256))
                + tuple(ModelConfig(h, "model1_fp8", topk=512, page_size=256, extra_topk=xk, extra_page_size=xp)
-                       for h in (8, 16) for xk, xp in ((1024, 64), (8192, 2))),
-               archs=("sm_90a",)),
+                       for h in (8, 16) for xk, xp in ((1024, 64), (8192, 2)))),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),

@@ -75,9 +75,8 @@ SPARSE_MLA_HEAD_DIMS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
 SPARSE_MLA_PAGE_SIZES = {"fp8_ds_mla": (64,), "bf16": (64,), "model1_fp8": (64, 256)}
 # Pages of the extra (compressed) cache a format serves: C4 layers 64 entries, C128 layers 2.
 SPARSE_MLA_EXTRA_PAGE_SIZES = {"model1_fp8": (64, 2)}
-# (kv_format, arch) -> head counts served where a format does not yet serve every head count:
-# model1_fp8 runs the register-path form of 8 and 16 heads (wgmma, heads as N) so far.
-SPARSE_MLA_FORMAT_HEADS = {("model1_fp8", "sm_90a"): (8, 16), ("model1_fp8", "sm_120a"): ()}
+# (kv_format, arch) -> head counts served where a format does not serve every head count (none now).
+SPARSE_MLA_FORMAT_HEADS: dict[tuple[str, str], tuple[int, ...]] = {}
 KV_FORMATS = tuple(SPARSE_MLA_HEAD_DIMS)
 _HEAD_DIM_FIELDS = ("q_head_dim", "kv_lora_rank", "rope_dim", "v_head_dim")
 SPARSE_MLA_MODES = ("decode", "extend")
@@ -152,7 +151,9 @@ class SparseMLASpec(KernelSpec):
         from .tiling import decode_tiling
 
         return decode_tiling(self.num_heads, self.kv_format, self.arch, self.mode, d_qk=self.q_head_dim,
-                             record_bytes=kv_record(self.kv_format, self.kv_lora_rank, self.rope_dim).bytes)
+                             record_bytes=getattr(kv_record(self.kv_format, self.kv_lora_rank, self.rope_dim),
+                                                  "raw_bytes", 0),
+                             v_in_rope=self.v_head_dim > self.kv_lora_rank)
 
     @property
     def name(self) -> str:

@@ -32,8 +32,8 @@ MAX_SPLITS = 32
 # docs/notes/launch-and-splits.md).
 HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (8, 16, 32)
               for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
-# model1_fp8 (DeepSeek-V4) so far runs the 8/16-head register form only (codegen.specs
-# SPARSE_MLA_FORMAT_HEADS); its other forms are still to be built from the same blocks.
+# model1_fp8 (DeepSeek-V4): 8 and 16 heads in the register form (heads as N); 32 heads run one
+# 64-head producer block (its raw shared-memory form is not built for model1 pages).
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 
@@ -43,11 +43,11 @@ def _align(n: int, a: int) -> int:
 
 
 def _smem_bytes(d_qk: int, record_bytes: int, head_block: int, tile_tokens: int, stages: int, warps_n: int,
-                raw_stages: int = 0, p_in_rope: bool = False) -> int:
+                raw_stages: int = 0, p_in_rope: bool = False, p_stages: int = 1) -> int:
     # (P in the RoPE block needs HEAD_BLOCK <= 64: the block is TILE_TOKENS x 64)
     q = _align(head_block * d_qk * 2, 1024)
     kv = _align(stages * tile_tokens * d_qk * 2, 1024)
-    p = 0 if p_in_rope else _align(head_block * tile_tokens * 2, 1024)
+    p = 0 if p_in_rope else _align(p_stages * head_block * tile_tokens * 2, 1024)
     raw = _align(raw_stages * tile_tokens * record_bytes, 1024)
     bias_slots = raw_stages + 1 if raw_stages else stages
     small = bias_slots * tile_tokens * 4 + warps_n * head_block * 4
@@ -56,7 +56,7 @@ def _smem_bytes(d_qk: int, record_bytes: int, head_block: int, tile_tokens: int,
 
 
 def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode", *, d_qk: int,
-                  record_bytes: int) -> dict:
+                  record_bytes: int, v_in_rope: bool = False) -> dict:
     """Tile parameters for the sparse MLA kernels (decode split and extend share the template).
     d_qk: the dims of a q / K row (bf16 in shared memory); record_bytes: one token's record in
     the cache (raw fp8 stages hold them as they are).
@@ -86,7 +86,10 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  records into registers and dequantises them (fp16) into two K stages, while
                  the warps_m x warps_n MMA warps run S, the softmax and O; P lives in each
                  stage's RoPE block so Q + two stages fit.
-    p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 16/32 heads as N; producer).
+    p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 16/32 heads as N; producer),
+                 unless V reaches into it (v_in_rope: DeepSeek-V4's V is all of K).
+    p_stages:    P buffers beside the K stages: the producer form's one per stage when P cannot
+                 live in the RoPE block, else 1 (or none, p_in_rope).
     """
     if num_heads not in (8, 16, 32, 64, 128):
         raise ValueError(f"num_heads must be 8, 16, 32, 64 or 128, got {num_heads}")
@@ -146,10 +149,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
-    p_in_rope = (heads_as_n and not fp8 and stages == 1) or producer
+    # (V4: V covers the RoPE block, so the producer form keeps one P per stage beside the stages)
+    p_in_rope = (heads_as_n and not fp8 and stages == 1) or (producer and not v_in_rope)
+    p_stages = stages if producer and not p_in_rope else 1
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
     smem = _smem_bytes(d_qk, record_bytes, head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages,
-                       p_in_rope)
+                       p_in_rope, p_stages)
     # 64-head wgmma blocks (fp8 in the producer form, bf16): warpgroup 0 computes S over the
     # whole tile and the softmax, warpgroup 1 only adds P V for its value columns
     s_one_warpgroup = wgmma and head_block == 64 and not heads_as_n and (producer or not fp8)
@@ -173,6 +178,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "heads_as_n": heads_as_n,
         "fp8_regs": fp8_regs,
         "p_in_rope": p_in_rope,
+        "p_stages": p_stages,
         "producer": producer,
         "s_one_warpgroup": s_one_warpgroup,
         # bf16 KV on wgmma: issue S of tile t before the gather of t + 1 (64-head blocks, where

@@ -26,6 +26,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # The README sections whose first python block the tests run or check (heading prefixes).
 README_SECTIONS = {
     "engine": "Engine call sequence",
+    "v4": "DeepSeek-V4 sparse attention",
     "indexer": "Lightning indexer",
     "dcp": "DCP global top-k",
 }

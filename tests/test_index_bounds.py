@@ -41,12 +41,21 @@ def _with_blocks(source: str) -> str:
 
 
 def _functions_reading(source: str, name: str) -> set[str]:
-    """Names of the functions whose bodies subscript `name` (e.g. mIdx[row, pos])."""
+    """Names of the functions whose bodies read elements of `name` (mIdx[row, pos]), or of one of
+    its lists where it is a (main, extra) pair (mIdx[1][row, pos]); taking a list of the pair
+    (mIdx[0].shape) is not a read."""
+    def is_list(node):   # mIdx[<int>]: a list of a pair
+        return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int))
+
     found = set()
     for fn in ast.walk(ast.parse(source)):
         if isinstance(fn, ast.FunctionDef):
             for node in ast.walk(fn):
-                if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
+                if not isinstance(node, ast.Subscript):
+                    continue
+                if (isinstance(node.value, ast.Name) and node.value.id == name and not is_list(node)) or \
+                        is_list(node.value):
                     found.add(fn.name)
     return found
 

@@ -17,10 +17,9 @@ def test_validation_names_the_field():
         SparseMLASpec(kv_format="model1_fp8", num_heads=16)
     with pytest.raises(SpecError, match=r"page_size: got 128; allowed: 64, 256"):
         SparseMLASpec(**V4, num_heads=16, page_size=128)
-    with pytest.raises(SpecError, match=r"num_heads: got 64; allowed: 8, 16 \(kv_format 'model1_fp8' on sm_90a\)"):
-        SparseMLASpec(**V4, num_heads=64)
-    with pytest.raises(SpecError, match=r"num_heads: got 16; allowed: none yet \(kv_format 'model1_fp8' on sm_120a\)"):
-        SparseMLASpec(**V4, num_heads=16, arch="sm_120a")
+    for heads in (8, 16, 32, 64, 128):   # every head count on sm_90a
+        SparseMLASpec(**V4, num_heads=heads)
+    SparseMLASpec(**V4, num_heads=16, arch="sm_120a")     # the raw shared-memory form
     with pytest.raises(SpecError, match=r"page_size: got 256; allowed: 64 \(kv_format 'fp8_ds_mla'\)"):
         SparseMLASpec(num_heads=16, page_size=256)
 
@@ -30,6 +29,9 @@ def test_module_is_the_register_form_with_the_model1_block(page):
     spec = SparseMLASpec(**V4, num_heads=16, page_size=page)
     src = render(spec)
     assert "Model1RegsGather" in src and "Fp8RegsGather" not in src
+    # 32 heads and more: the producer form, with P beside the K stages (V covers the RoPE block)
+    big = render(SparseMLASpec(**V4, num_heads=32, page_size=page, extra_topk=1024, extra_page_size=64))
+    assert "Model1TwoListsProducer" in big and "P_IN_ROPE = False" in big and "P_STAGES = 2" in big
     assert f"PAGE_SIZE = {page} " in src and "D_QK = 512" in src and "D_V = 512" in src
     assert spec.name == "sparse_mla_decode_h16_k2048_model1_fp8" + ("" if page == 64 else f"_p{page}") + "_sm_90a"
 

@@ -23,14 +23,19 @@ MODEL_PRESETS = {
     "glm-5-tp8": ("GLM-5", 8, "fp8_ds_mla", 32),
     "deepseek-v3.2-tp16": ("DeepSeek-V3.2", 8, "fp8_ds_mla", 64),
 }
+# DeepSeek-V4 presets -> (model, heads per rank, the C4 indexer's top-k)
+V4_PRESETS = {
+    **{f"deepseek-v4-flash-tp{tp}": ("DeepSeek-V4-Flash", 64 // tp, 512) for tp in (1, 2, 4, 8)},
+    **{f"deepseek-v4-pro-tp{tp}": ("DeepSeek-V4-Pro", 128 // tp, 1024) for tp in (1, 2, 4, 8, 16)},
+}
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
 COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
                      "dcp-topk": 2, "indexer-all": 54, "sparse-mla-model1": 16}
 
 
 def test_model_and_component_presets():
-    assert {p.name for p in model_presets()} == set(MODEL_PRESETS)
-    assert set(PRESETS) == set(MODEL_PRESETS) | set(COMPONENT_PRESETS)
+    assert {p.name for p in model_presets()} == set(MODEL_PRESETS) | set(V4_PRESETS)
+    assert set(PRESETS) == set(MODEL_PRESETS) | set(V4_PRESETS) | set(COMPONENT_PRESETS)
     for name, (model, *_rest) in MODEL_PRESETS.items():
         assert get_preset(name).model == model
     for name, count in COMPONENT_PRESETS.items():
@@ -214,8 +219,33 @@ def test_prewarm_preset_orchestration(monkeypatch):
 
 
 def test_a_preset_limited_to_some_archs_has_none_elsewhere():
-    """sparse-mla-model1 has sm_90a kernels only (model1_fp8 is not yet built for sm_120a)."""
-    p = get_preset("sparse-mla-model1")
-    assert p.archs == ("sm_90a",)
-    assert p.specs(("sm_120a",)) == []
-    assert len(p.specs(SUPPORTED_ARCHS)) == 16
+    """Preset.archs bounds a bundle's archs (every catalog preset has both today)."""
+    from codegen.catalog import Preset
+
+    full = get_preset("sparse-mla-model1")
+    assert full.archs == SUPPORTED_ARCHS and len(full.specs(SUPPORTED_ARCHS)) == 32
+    only = Preset("x", "x", full.configs, archs=("sm_90a",))
+    assert only.specs(("sm_120a",)) == [] and len(only.specs(SUPPORTED_ARCHS)) == 16
+
+
+@pytest.mark.parametrize("name", sorted(V4_PRESETS))
+def test_v4_preset_is_the_whole_bundle(name):
+    """A DeepSeek-V4 bundle: decode and extend of each layer kind (sliding window alone, + C4 at
+    the indexer's top-k, + every C128 entry), the 64-head c = 4 indexer at its top-k, DCP; sm_90a."""
+    model, heads, k = V4_PRESETS[name]
+    p = get_preset(name)
+    assert p.model == model and len(p.specs(("sm_120a",))) == 13    # the same less the MTP row-pair logits
+    v4 = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, kv_format="model1_fp8", page_size=256,
+              topk=512, num_heads=heads, arch="sm_90a")
+    want = [SparseMLASpec(**v4, mode=m, extra_topk=xk, extra_page_size=xp)
+            for xk, xp in ((0, 0), (k, 64), (8192, 2)) for m in ("decode", "extend")]
+    want += [IndexerLogitsSpec(num_heads=64, compress_ratio=4, mode="paged", arch="sm_90a"),
+             IndexerLogitsSpec(num_heads=64, compress_ratio=4, rows_per_unit=2, arch="sm_90a"),
+             IndexerLogitsSpec(num_heads=64, mode="contiguous", arch="sm_90a")]
+    # the top-k artifacts serve every K up to 2048 (a launch argument)
+    want += [TopKSpec(k=2048, with_scores=s, arch="sm_90a") for s in (False, True)]
+    want += [IndexerTopKSpec(num_heads=64, compress_ratio=4, k=2048, with_scores=s, arch="sm_90a") for s in (False, True)]
+    want.append(DcpSpec(arch="sm_90a"))
+    assert set(p.specs(("sm_90a",))) == set(want)
+    b = preset_bundle(name, arch="sm_90a", num_sms=132, max_batched=64)
+    assert set(b.specs()) == set(want)

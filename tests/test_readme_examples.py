@@ -16,6 +16,8 @@ SM = "b12x.attention.sparse_mla"
 REQUIRED = {
     "engine": {f"{SM}.Caps", f"{SM}.plan", f"{SM}.SparseMLAPlan.scratch_bytes", f"{SM}.SparseMLAPlan.bind",
                f"{SM}.run_decode", f"{SM}.run_extend", "b12x.registry.freeze"},
+    "v4": {f"{SM}.v4_caps", f"{SM}.plan", f"{SM}.SparseMLAPlan.bind", f"{SM}.run_decode",
+           "b12x.metadata.CompressedEntries", "b12x.metadata.CompressedEntries.fill"},
     "indexer": {"b12x.indexer.Caps", "b12x.indexer.plan", "b12x.indexer.IndexerPlan.scratch_bytes",
                 "b12x.indexer.IndexerPlan.bind", "b12x.indexer.run_index_topk", "b12x.prewarm.prewarm"},
     "dcp": {"b12x.dcp.allocate_topk_buffers", "b12x.dcp.DcpCaps", "b12x.dcp.plan", "b12x.dcp.DcpPlan.scratch_bytes",

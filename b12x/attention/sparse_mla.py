@@ -403,3 +403,38 @@ def sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 def _(q, kv_cache, indices, lengths, scratch, out, lse, sm_scale, attn_sink, lse_natural, kv_format, topk,
       max_batched) -> None:
     return None
+
+
+# DeepSeek-V4: model1_fp8 pages, the sliding-window (main) list and an optional compressed (extra)
+# list in one softmax, V all 512 dims. One op for decode and extend (mode); the extra tensors are
+# None for sliding-window-only layers.
+V4_HEAD_DIMS = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512)
+
+
+def v4_caps(*, num_heads: int, topk: int, page_size: int, extra_topk: int = 0, extra_page_size: int = 0,
+            max_rows: int = 256, mode: str = "decode") -> Caps:
+    """Caps of a DeepSeek-V4 layer kind: model1_fp8 pages and V4's head dims."""
+    return Caps(num_heads=num_heads, topk=topk, kv_format="model1_fp8", max_rows=max_rows, mode=mode,
+                page_size=page_size, extra_topk=extra_topk, extra_page_size=extra_page_size, **V4_HEAD_DIMS)
+
+
+@torch.library.custom_op("b12x::sparse_mla_v4", mutates_args=("out", "lse", "scratch"), device_types="cuda")
+def sparse_mla_v4_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+                     extra_kv_cache: Optional[torch.Tensor], extra_indices: Optional[torch.Tensor],
+                     extra_lengths: Optional[torch.Tensor], scratch: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     sm_scale: float, attn_sink: Optional[torch.Tensor], lse_natural: bool, topk: int, page_size: int,
+                     extra_topk: int, extra_page_size: int, max_rows: int, mode: str) -> None:
+    """out/lse <- DeepSeek-V4 sparse MLA (v4_caps). scratch must hold plan(v4_caps(...)).scratch_bytes()."""
+    p = _cached_plan(v4_caps(num_heads=q.shape[1], topk=topk, page_size=page_size, extra_topk=extra_topk,
+                             extra_page_size=extra_page_size, max_rows=max_rows, mode=mode))
+    b = p.bind(scratch, q=q, indices=indices, lengths=lengths, out=out, lse=lse, extra_indices=extra_indices,
+               extra_lengths=extra_lengths)
+    run = run_extend if mode == "extend" else run_decode
+    run(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink, lse_base="e" if lse_natural else "2",
+        extra_kv_cache=extra_kv_cache)
+
+
+@sparse_mla_v4_op.register_fake
+def _(q, kv_cache, indices, lengths, extra_kv_cache, extra_indices, extra_lengths, scratch, out, lse, sm_scale,
+      attn_sink, lse_natural, topk, page_size, extra_topk, extra_page_size, max_rows, mode) -> None:
+    return None

@@ -141,6 +141,28 @@ class SparseMLA:
         return _mla.run_decode(b, kv_cache=kv_cache, sm_scale=sm_scale, attn_sink=attn_sink)
 
 
+class SparseMLAV4:
+    """DeepSeek-V4 sparse attention for one layer kind, in the call shape of vLLM's DeepSeek-V4
+    backend (FlashMLA's MODEL1 decode): the sliding-window cache with its indices and lengths,
+    and for C4 / C128 layers the compressed cache with its own, in one softmax; attn_sink scales
+    out and leaves lse. Caches are model1_fp8 pages ([blocks, page_bytes] uint8)."""
+
+    def __init__(self, *, num_heads: int, swa_topk: int = 128, swa_page_size: int = 256, extra_topk: int = 0,
+                 extra_page_size: int = 0, max_rows: int = 256):
+        self.plan = _mla.plan(_mla.v4_caps(num_heads=num_heads, topk=swa_topk, page_size=swa_page_size,
+                                           extra_topk=extra_topk, extra_page_size=extra_page_size, max_rows=max_rows))
+
+    def scratch_bytes(self) -> int:
+        return self.plan.scratch_bytes()
+
+    def decode(self, q, swa_cache, swa_indices, swa_lengths, *, out, scratch, sm_scale: float, extra_cache=None,
+               extra_indices=None, extra_lengths=None, attn_sink=None, lse=None):
+        b = self.plan.bind(scratch, q=q, indices=swa_indices, lengths=swa_lengths, out=out, lse=lse,
+                           extra_indices=extra_indices, extra_lengths=extra_lengths)
+        return _mla.run_decode(b, kv_cache=swa_cache, sm_scale=sm_scale, attn_sink=attn_sink,
+                               extra_kv_cache=extra_cache)
+
+
 def prewarm(*, num_heads: int, topk: int = 2048, kv_format: str = "fp8_ds_mla", max_rows: int | None = None,
             indexer: Optional[SparseIndexer] = None, dcp: DcpConfig = DcpConfig(),
             scratch: Optional[torch.Tensor] = None, max_batched: int | None = None) -> None:

@@ -105,3 +105,30 @@ def test_indexer_example_as_written():
             unchosen = torch.ones(length, dtype=torch.bool, device="cuda")
             unchosen[got] = False
             assert ref[got].min() >= kth - tol and ref[unchosen].max() <= kth + tol, f"row {r}: not a top-{n}"
+
+
+def test_v4_block_as_written():
+    """The README's DeepSeek-V4 block (SWA + C128, the extra list from CompressedEntries), run as
+    written against the reference."""
+    from b12x.reference import quantize_model1_fp8, sparse_mla_v4_reference
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    rows, heads = 5, 8
+    swa = quantize_model1_fp8(torch.randn(6, 256, 512, device="cuda", generator=g))
+    c128 = quantize_model1_fp8(torch.randn(4096, 2, 512, device="cuda", generator=g))
+    prelude = dict(
+        seq_lens=torch.tensor([300000, 128, 0, 5000, 10**6], dtype=torch.int32, device="cuda"),
+        c128_block_table=torch.randperm(4096, device="cuda", generator=g).to(torch.int32).repeat(rows, 1),
+        extra_indices=torch.empty(rows, 8192, dtype=torch.int32, device="cuda"),
+        extra_lengths=torch.empty(rows, dtype=torch.int32, device="cuda"),
+        q=torch.randn(rows, heads, 512, device="cuda", generator=g).bfloat16(),
+        swa_indices=torch.randint(0, 6 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32),
+        swa_lengths=torch.tensor([128, 128, 0, 60, 128], dtype=torch.int32, device="cuda"),
+        attn_out=torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda"),
+        swa_pages=swa, c128_pages=c128, attn_sink=torch.randn(heads, device="cuda", generator=g),
+    )
+    ns = run_readme_block("v4", prelude)
+    ref, _ = sparse_mla_v4_reference(prelude["q"], swa, prelude["swa_indices"], prelude["swa_lengths"], 512 ** -0.5,
+                                     main_page=256, extra_kv=c128, extra_indices=prelude["extra_indices"],
+                                     extra_lengths=prelude["extra_lengths"], extra_page=2, attn_sink=prelude["attn_sink"])
+    torch.testing.assert_close(ns["out"].float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)

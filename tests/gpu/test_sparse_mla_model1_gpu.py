@@ -1,7 +1,8 @@
 """DeepSeek-V4 sparse MLA over model1_fp8 pages: the sliding-window cache alone (pages of 64 and
 256 tokens) and with a compressed one in the same softmax (C4: page 64; C128: page 2, its list
-filled by CompressedEntries), decode and extend at 8 and 16 heads, against the torch reference
-on the dequantised pages. Build first: `b12x-codegen build --preset sparse-mla-model1 --arch sm_90a`."""
+filled by CompressedEntries), decode and extend at every head count, against the torch reference
+on the dequantised pages. Build first: `b12x-codegen build --preset sparse-mla-model1` and
+`--preset deepseek-v4-pro-tp1/2/4/8/16` (`--arch sm_90a`)."""
 import math
 
 import pytest
@@ -25,9 +26,9 @@ def pages(blocks, page, g, stride_pad=0):
     return dense
 
 
-def run(heads, page, q, kv, idx, lengths, *, mode="decode", sink=None, lse_base="e"):
+def run(heads, page, q, kv, idx, lengths, *, mode="decode", sink=None, lse_base="e", topk=2048):
     rows = q.shape[0]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="model1_fp8", q_head_dim=V4_DIM,
+    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format="model1_fp8", q_head_dim=V4_DIM,
                         kv_lora_rank=448, page_size=page, max_rows=max(rows, 1), mode=mode))
     scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
     out = torch.full((rows, heads, V4_DIM), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -50,19 +51,24 @@ def check(q, kv, page, idx, lengths, out, lse, sink=None, lse_base="e"):
     torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
 
 
+# (heads, page, Caps.topk): sparse-mla-model1's specs, then the DeepSeek-V4 presets' (topk 512)
+MAIN_CASES = [(h, p, 2048) for h in (8, 16) for p in (64, 256)] + [(h, 256, 512) for h in (32, 64, 128)]
+
+
 @pytest.mark.parametrize("mode", ("decode", "extend"))
-@pytest.mark.parametrize("page", (64, 256))
-@pytest.mark.parametrize("heads", (8, 16))
-def test_model1_main_cache_matches_reference(heads, page, mode):
+@pytest.mark.parametrize("heads,page,topk", MAIN_CASES)
+def test_model1_main_cache_matches_reference(heads, page, topk, mode):
     g = torch.Generator(device="cuda").manual_seed(heads + page)
     blocks = 40
     kv = pages(blocks, page, g)
     for rows, width in ((1, 128), (5, 512), (33, 2048)):
+        if width > topk:
+            continue
         q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
         idx = torch.randint(0, blocks * page, (rows, width), device="cuda", generator=g, dtype=torch.int32)
         idx[torch.rand(rows, width, device="cuda", generator=g) < 0.1] = -1
         lengths = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
-        out, lse = run(heads, page, q, kv, idx, lengths, mode=mode)
+        out, lse = run(heads, page, q, kv, idx, lengths, mode=mode, topk=topk)
         check(q, kv, page, idx, lengths, out, lse)
 
 
@@ -112,7 +118,7 @@ def run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, *
 
 
 @pytest.mark.parametrize("mode", ("decode", "extend"))
-@pytest.mark.parametrize("heads", (8, 16))
+@pytest.mark.parametrize("heads", (8, 16, 32, 64, 128))
 @pytest.mark.parametrize("xtopk,xpage,xwidth", [(1024, 64, 512), (1024, 64, 1024), (8192, 2, 8192), (8192, 2, 1024)])
 def test_model1_main_and_extra_in_one_softmax(heads, xtopk, xpage, xwidth, mode):
     """SWA 128 (page 256) + C4 (page 64) or C128 (page 2): every row's main and extra entries in
@@ -186,3 +192,72 @@ def test_model1_c128_extra_list_from_the_helper_in_a_graph():
                                                extra_indices=xidx, extra_lengths=xlen, extra_page=xpage)
         assert torch.equal(xlen.cpu(), torch.tensor([min(v // 128, width) for v in lens], dtype=torch.int32))
         torch.testing.assert_close(b.out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+
+
+def test_model1_vllm_adapter_and_custom_op_match_the_facade():
+    """b12x.integration.vllm.SparseMLAV4.decode (vLLM's DeepSeek-V4 call shape) and the torch op
+    b12x::sparse_mla_v4 give the facade's result (SWA + C4, sink on)."""
+    from b12x.integration.vllm import SparseMLAV4
+
+    g = torch.Generator(device="cuda").manual_seed(21)
+    heads, rows = 16, 3
+    main, extra = pages(8, 256, g), pages(20, 64, g)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 8 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    xidx = torch.randint(0, 20 * 64, (rows, 512), device="cuda", generator=g, dtype=torch.int32)
+    lengths = torch.full((rows,), 128, dtype=torch.int32, device="cuda")
+    xlengths = torch.tensor([512, 300, 0], dtype=torch.int32, device="cuda")
+    sink = torch.randn(heads, device="cuda", generator=g)
+    ref, _ = run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, 1024, 64, sink=sink)
+    mla = SparseMLAV4(num_heads=heads, swa_topk=512, swa_page_size=256, extra_topk=1024, extra_page_size=64, max_rows=8)
+    ws = torch.empty(mla.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    out = torch.empty(rows, heads, V4_DIM, dtype=torch.bfloat16, device="cuda")
+    mla.decode(q, main, idx, lengths, out=out, scratch=ws, sm_scale=SM_SCALE, extra_cache=extra, extra_indices=xidx,
+               extra_lengths=xlengths, attn_sink=sink)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    out2 = torch.empty_like(out)
+    lse2 = torch.empty(rows, heads, device="cuda")
+    torch.ops.b12x.sparse_mla_v4(q, main, idx, lengths, extra, xidx, xlengths, ws, out2, lse2, SM_SCALE, sink, True,
+                                 512, 256, 1024, 64, 8, "decode")
+    torch.testing.assert_close(out2, ref, atol=0, rtol=0)
+
+
+def test_v4_indexer_topk_feeds_the_c4_extra_list():
+    """A DeepSeek-V4 C4 layer end to end: the 64-head c = 4 indexer's top-512 over the compressed
+    index cache (b12x.integration.vllm.SparseIndexer), its positions turned into slots of the C4
+    attention cache through the same block table (the engine's step), then SWA + C4 attention in
+    one softmax, against the reference on those indices; the top-k sets are exact."""
+    from b12x.indexer_reference import indexer_logits_paged_reference
+    from b12x.integration import vllm as adapter
+
+    from .indexer_cases import check_selection, paged_inputs
+
+    k, c, heads = 512, 4, 16
+    lengths_tok = [c * 3000 + 1, c * 700 + 2, c * 5000 + 3]      # never a multiple of c
+    rows, width = len(lengths_tok), 8192
+    qi, wi, kvi, bt, seq = paged_inputs(lengths_tok, heads=64, next_n=1, c=c, width=width, seed=5)
+    sparse = adapter.SparseIndexer(num_heads=64, topk=k, max_rows=rows, max_width=width, compress_ratio=c)
+    bufs = adapter.make_topk_buffers(rows, k, dcp_world_size=1, device="cuda")
+    ws = torch.full((sparse.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+    sparse.topk(qi, wi, kvi, bt, seq, scratch=ws, out=bufs, width=width)
+    torch.cuda.synchronize()
+    ref_logits = indexer_logits_paged_reference(qi, wi, kvi, bt, seq, width, compress_ratio=c)
+    entries = [L // c for L in lengths_tok]
+    for r in range(rows):
+        check_selection(bufs.indices[r], ref_logits[r, :entries[r]], k, what=f"row {r}", tol=1e-4)
+    pos = bufs.indices[:rows]                                   # row-relative entry positions, -1 tail
+    safe = pos.clamp(min=0).long()
+    slots = torch.where(pos >= 0, bt.long().gather(1, safe // 64) * 64 + safe % 64, -1).to(torch.int32)
+    xlen = torch.tensor([min(e, k) for e in entries], dtype=torch.int32, device="cuda")
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    c4 = pages(kvi.shape[0], 64, g)                             # the C4 attention cache: same pages, same table
+    main = pages(8, 256, g)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 8 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    lengths = torch.full((rows,), 128, dtype=torch.int32, device="cuda")
+    out, lse = run_two(heads, q, main, idx, lengths, c4, slots.contiguous(), xlen, 1024, 64)
+    ref, ref_lse = sparse_mla_v4_reference(q, main, idx, lengths, SM_SCALE, main_page=256, extra_kv=c4,
+                                           extra_indices=slots, extra_lengths=xlen, extra_page=64)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3 * ref_lse.abs().max().item() + 2e-3, rtol=1e-3)

@@ -8,7 +8,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from .barriers import BAR_EMPTY, BAR_FULL
-from .kv_format import Fp8DsMlaDequant, Model1Dequant
+from .kv_format import Fp8DsMlaDequant, Model1Dequant, ue8m0_scale
 
 
 class GatherRows:
@@ -227,24 +227,25 @@ class TwoLists:
         return Uint32(slot) < bound
 
 
-class Model1TwoListsGather(TwoLists, Model1RegsGather):
-    """model1_fp8 records of a main and an extra cache through registers (TwoLists)."""
+class Model1TwoLists(TwoLists):
+    """model1_fp8 rows of a main and an extra cache (TwoLists): each row loaded from its list's."""
 
     @cute.jit
-    def load_fp8_row(self, mKV, q, slot, n_slots, regs, m: cutlass.Constexpr):
-        """Model1Dequant.load_fp8_row from the cache of the row's list (n_slots: tile_slots)."""
-        regs[-1][m] = slot
+    def model1_rows(self, mKV, slot, n_slots):
+        """Model1Dequant.model1_rows in the cache of the slot's list (n_slots: tile_slots)."""
+        tok, scales = Int64(0), Int64(0)
         if self.live_slot(slot, n_slots):
             if n_slots[2]:
-                self.load_model1_row(self.row_address(mKV[1], slot, self.record.token_bytes, self.extra_page_size),
-                                     Int64(slot % self.extra_page_size), self.extra_page_size, q, regs, m)
+                tok = self.row_address(mKV[1], slot, self.record.token_bytes, self.extra_page_size)
+                scales = self.scale_address(tok, slot, self.extra_page_size)
             else:
-                self.load_model1_row(self.row_address(mKV[0], slot, self.record.token_bytes),
-                                     Int64(slot % self.page_size), self.page_size, q, regs, m)
+                tok = self.row_address(mKV[0], slot, self.record.token_bytes)
+                scales = self.scale_address(tok, slot, self.page_size)
+        return tok, scales
 
 
-class Fp8Producer(Fp8RegsGather):
-    """A producer warpgroup gathers and dequantises each tile (Fp8RegsGather) into one of the
+class ProducerPipeline(Fp8RegsPipeline):
+    """A producer warpgroup gathers and dequantises each tile (Fp8RegsPipeline) into one of the
     K stages and hands it over by named barriers. Config: stages, bias_slots, mma_threads,
     num_threads."""
 
@@ -279,6 +280,22 @@ class Fp8Producer(Fp8RegsGather):
             cute.arch.fence_view_async_shared()     # the dequantised stage is read by wgmma
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
             self.refill_row(copies, regs, src, t + 1 < n_tiles, t + 2, cute.size(rIdx) - 1)
+
+
+class Fp8Producer(Fp8DsMlaDequant, ProducerPipeline):
+    """fp8_ds_mla records by a producer warpgroup (ProducerPipeline)."""
+
+
+class Model1Producer(Model1Dequant, ProducerPipeline):
+    """model1_fp8 records by a producer warpgroup (ProducerPipeline)."""
+
+
+class Model1TwoListsGather(Model1TwoLists, Model1RegsGather):
+    """model1_fp8 records of a main and an extra cache through registers."""
+
+
+class Model1TwoListsProducer(Model1TwoLists, Model1Producer):
+    """model1_fp8 records of a main and an extra cache by a producer warpgroup."""
 
 
 class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
@@ -360,3 +377,79 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
                 self.zero_row((tNs, tRs), m)
             if q == 0:
                 sBias[self.raw_stages * self.tile_tokens + r] = bias
+
+
+class Model1RawGather(Model1Dequant, Fp8RawGather):
+    """model1_fp8 records cp.async'd raw into shared memory (Fp8RawGather's slots, raw_bytes a
+    token: its token data, then its scale bytes), dequantised there into the K tile; the thread
+    layout of Model1Dequant (chunk q of each 64-column atom)."""
+
+    @cute.jit
+    def issue_fp8_raw(self, mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots):
+        """cp.async one tile's tokens into raw slot `slot`: 16-byte chunk q + 8 j of the token
+        data by the row's thread q, the 8 scale bytes by thread 0. Masked rows issue nothing."""
+        self.write_bias(sBias, slot, tKcK, rIdx, n_slots)
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint8, num_bits_per_copy=128,
+        )
+        atom8 = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), Uint8,
+                                    num_bits_per_copy=64)
+        q = self.col_slot(tKcK)
+        rec = self.record
+        chunks = rec.token_bytes // 16
+        for m in cutlass.range_constexpr(cute.size(rIdx)):
+            slot_idx = rIdx[m]
+            if self.live_slot(slot_idx, n_slots):
+                tok, scales = self.model1_rows(mKV, slot_idx, n_slots)
+                r = tKcK[0, m, 0][0]
+                row_off = cute.assume((slot * self.tile_tokens + r) * rec.raw_bytes, divby=16)
+                for j in cutlass.range_constexpr((chunks + 7) // 8):
+                    if const_expr(8 * j + 8 <= chunks):
+                        self.cp16(atom, tok + 16 * q + 128 * j, raw_base + (row_off + 16 * q + 128 * j))
+                    else:
+                        if 8 * j + q < chunks:
+                            self.cp16(atom, tok + 16 * q + 128 * j, raw_base + (row_off + 16 * q + 128 * j))
+                if q == 0:
+                    cute.copy(atom8, self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8),
+                              cute.make_tensor(raw_base + (row_off + rec.token_bytes), cute.make_layout((rec.SCALE_BYTES,))))
+
+    @cute.jit
+    def dequant_fp8_tile(self, raw_base, sKs, sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy):
+        """Raw slot -> K tile: chunk q of each scale group times its scale, RoPE chunk q copied;
+        masked rows zero. The tile's biases move to slice RAW_STAGES of sBias."""
+        (tKs,) = self.k_tile_parts(sKs, nope_thr_copy, gmem_thr_copy)
+        q = self.col_slot(tKcK)
+        rec = self.record
+        n_rows = cute.size(tKs, mode=[1])
+        for m in cutlass.range_constexpr(n_rows):
+            r = tKcK[0, m, 0][0]
+            bias = sBias[slot * self.tile_tokens + r]
+            row_off = cute.assume((slot * self.tile_tokens + r) * rec.raw_bytes, divby=16)
+            if bias == Float32(0.0):
+                rE = cute.make_rmem_tensor((rec.SCALE_BYTES,), Uint8)
+                cute.autovec_copy(cute.make_tensor(raw_base + (row_off + rec.token_bytes),
+                                                   cute.make_layout((rec.SCALE_BYTES,))), rE)
+                for k in cutlass.range_constexpr(rec.n_scales):
+                    rV = cute.make_rmem_tensor((8,), cutlass.Float8E4M3FN)
+                    cute.autovec_copy(
+                        cute.make_tensor(cute.recast_ptr(raw_base + cute.assume(row_off + rec.SCALE_GROUP * k + 8 * q,
+                                                                                divby=8),
+                                                         dtype=cutlass.Float8E4M3FN), cute.make_layout((8,))),
+                        rV,
+                    )
+                    self.store_dequant(rV, ue8m0_scale(rE[k]), tKs[None, m, k])
+                rR = cute.make_rmem_tensor((8,), BFloat16)
+                cute.autovec_copy(
+                    cute.make_tensor(cute.recast_ptr(raw_base + cute.assume(row_off + rec.rope_off + 16 * q, divby=16),
+                                                     dtype=BFloat16), cute.make_layout((8,))),
+                    rR,
+                )
+                tKs[None, m, rec.n_scales].store(rR.load().to(tKs.element_type))
+            else:
+                self.zero_row((tKs,), m)
+            if q == 0:
+                sBias[self.raw_stages * self.tile_tokens + r] = bias
+
+
+class Model1TwoListsRaw(Model1TwoLists, Model1RawGather):
+    """model1_fp8 records of a main and an extra cache staged raw in shared memory."""

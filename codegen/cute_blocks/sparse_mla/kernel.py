@@ -59,7 +59,9 @@ class AttentionKernel(TilePipelines):
             sQ: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sK_layout)], 1024]
             if const_expr(not self.p_in_rope):
-                sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout)], 1024]
+                # the producer form keeps one P per K stage here when V covers the RoPE block
+                sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout) * self.p_stages],
+                                      1024]
             if const_expr(self.raw_stages > 0):
                 # raw fp8_ds_mla records of RAW_STAGES tiles, landed by cp.async, dequantised to sK
                 sRaw: cute.struct.Align[cute.struct.MemRange[Uint8, self.raw_stages * self.tile_tokens * self.record.bytes], 1024]
@@ -135,6 +137,12 @@ class AttentionKernel(TilePipelines):
                 sP = cute.make_tensor(
                     cute.recast_ptr(p_base, sP_layout.inner, dtype=self.mma_dtype),
                     cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=self.tile_tokens * self.d_qk)),
+                )
+            elif const_expr(self.p_stages > 1):
+                # one P per K stage beside the stages (V4: V is all of K, RoPE block included)
+                sP = cute.make_tensor(
+                    cute.recast_ptr(storage.sP.data_ptr(), sP_layout.inner, dtype=self.mma_dtype),
+                    cute.append(sP_layout.outer, cute.make_layout(self.stages, stride=cute.cosize(sP_layout.outer))),
                 )
             else:
                 sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
@@ -475,8 +483,7 @@ class ExtendKernel(AttentionKernel):
 
 class TwoListsSplitKernel(SplitKernel):
     """Decode over a main and an extra list in one softmax (gather.TwoLists): the extra cache,
-    indices and lengths follow the main ones; attend sees each as a (main, extra) pair. The
-    forms without a separate producer warpgroup only."""
+    indices and lengths follow the main ones; attend sees each as a (main, extra) pair."""
 
     @cute.jit
     def __call__(
@@ -510,10 +517,17 @@ class TwoListsSplitKernel(SplitKernel):
         # programmatic launch as in SplitKernel.kernel
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        self.attend(
-            mQ, (mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX), (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
-            sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-        )
+        lists = ((mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX))
+        if const_expr(self.s_one_warpgroup):
+            self.split_roles(*lists, tokens_per_split, sK_layout, SharedStorage, (
+                mQ, *lists, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+            ))
+        else:
+            self.attend(
+                mQ, *lists, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
+                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+            )
 
 
 class TwoListsExtendKernel(ExtendKernel):
@@ -561,7 +575,14 @@ class TwoListsExtendKernel(ExtendKernel):
         if has_num_rows != 0:
             live_rows = mNumRows[0]
         if row < live_rows:
-            self.attend(
-                mQ, (mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX), (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
-                sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-            )
+            lists = ((mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX))
+            if const_expr(self.s_one_warpgroup):
+                self.split_roles(*lists, self.row_width(lists[1]), sK_layout, SharedStorage, (
+                    mQ, *lists, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
+                ))
+            else:
+                self.attend(
+                    mQ, *lists, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
+                    sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
+                )

@@ -131,21 +131,29 @@ class Model1Dequant(Fp8DsMlaDequant):
         and RoPE chunk q."""
         regs[-1][m] = slot
         if self.live_slot(slot, n_slots):
-            self.load_model1_row(self.row_address(mKV, slot, self.record.token_bytes), Int64(slot % self.page_size),
-                                 self.page_size, q, regs, m)
+            addr, scales = self.model1_rows(mKV, slot, n_slots)
+            rV, rE, rR, _ = regs
+            rec = self.record
+            for k in cutlass.range_constexpr(rec.n_scales):
+                cute.autovec_copy(self.gmem_vec(addr + (rec.SCALE_GROUP * k + 8 * q), cutlass.Float8E4M3FN, 8,
+                                                align=8), rV[None, k, m])
+            cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
+            cute.autovec_copy(self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8), rE[None, m])
 
     @cute.jit
-    def load_model1_row(self, addr: Int64, off: Int64, page: cutlass.Constexpr, q, regs, m: cutlass.Constexpr):
-        """The loads of row m: addr is its token data, `off` its place in a page of `page` tokens."""
-        rV, rE, rR, _ = regs
+    def model1_rows(self, mKV, slot, n_slots):
+        """(token data, scales) byte addresses of a live slot; (0, 0) for a masked one."""
+        tok, scales = Int64(0), Int64(0)
+        if self.live_slot(slot, n_slots):
+            tok = self.row_address(mKV, slot, self.record.token_bytes)
+            scales = self.scale_address(tok, slot, self.page_size)
+        return tok, scales
+
+    def scale_address(self, tok: Int64, slot, page: int) -> Int64:
+        """The scales of the token at `tok` follow its page's tokens: tok - off * token_bytes +
+        page * token_bytes + off * SCALE_BYTES."""
         rec = self.record
-        for k in cutlass.range_constexpr(rec.n_scales):
-            cute.autovec_copy(self.gmem_vec(addr + (rec.SCALE_GROUP * k + 8 * q), cutlass.Float8E4M3FN, 8, align=8),
-                              rV[None, k, m])
-        cute.autovec_copy(self.gmem_vec(addr + (rec.rope_off + 16 * q), BFloat16, 8), rR[None, m])
-        # the page's scales follow its tokens: addr - off * token + page * token + off * 8
-        scales = addr + (Int64(rec.scale_off(page)) - off * (rec.token_bytes - rec.SCALE_BYTES))
-        cute.autovec_copy(self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8), rE[None, m])
+        return tok + (Int64(rec.scale_off(page)) - Int64(slot % page) * (rec.token_bytes - rec.SCALE_BYTES))
 
     @cute.jit
     def store_row(self, regs, parts, m: cutlass.Constexpr):

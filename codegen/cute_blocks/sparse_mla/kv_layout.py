@@ -37,6 +37,11 @@ class Fp8DsMlaRecord:
         """Elements of one token in the cache tensor's last dim."""
         return self.bytes
 
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of a token staged raw in shared memory: the record as it is."""
+        return self.bytes
+
 
 @dataclass(frozen=True)
 class Bf16Record:
@@ -90,6 +95,12 @@ class Model1Fp8Record:
     def bytes(self) -> int:
         """Bytes of one token in its page (token data and scales, which are not adjacent)."""
         return self.token_bytes + self.SCALE_BYTES
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of a token staged raw in shared memory: its token data, then its scale bytes in
+        a 16-byte chunk."""
+        return self.token_bytes + 16
 
     def scale_off(self, page: int) -> int:
         """Byte offset of the scales in a page of `page` tokens."""

@@ -100,7 +100,7 @@ class TilePipelines:
         # One commit group per tile, empty past the last tile, so wait_group counts stay fixed.
         for s in cutlass.range_constexpr(self.raw_stages):
             if s < n_tiles:
-                self.issue_fp8_raw(mKV, raw_base, sBias, s, tKcK, rIdx, n_slots)
+                self.issue_fp8_raw(mKV, raw_base, sBias, s, tKcK, rIdx, self.tile_slots(n_slots, tok_begin, tok_end, s))
             cute.arch.cp_async_commit_group()
             self.load_indices(mIdx, row, tok_begin, s + 1, tok_end, tKcK, rIdx)
 
@@ -121,7 +121,8 @@ class TilePipelines:
                 acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
             # raw slot `slot` is free again: start tile t + RAW_STAGES there
             if t + self.raw_stages < n_tiles:
-                self.issue_fp8_raw(mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots)
+                self.issue_fp8_raw(mKV, raw_base, sBias, slot, tKcK, rIdx,
+                                   self.tile_slots(n_slots, tok_begin, tok_end, t + self.raw_stages))
             cute.arch.cp_async_commit_group()
             self.load_indices(mIdx, row, tok_begin, t + self.raw_stages + 1, tok_end, tKcK, rIdx)
             if const_expr(self.wgmma):
