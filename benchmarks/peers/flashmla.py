@@ -242,3 +242,61 @@ def prefill_bf16(
         return out[:, :h], (lse[:, :h] if lse is not None else None)
 
     return fn
+
+
+V4_D_QK = 512       # DeepSeek-V4 (MODEL1): 448 NoPE + 64 RoPE dims, V all 512
+
+
+def decode_model1(
+    q: torch.Tensor,
+    swa_pages: torch.Tensor,
+    swa_page: int,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+    sm_scale: float,
+    *,
+    extra_pages: Optional[torch.Tensor] = None,
+    extra_page: int = 0,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_lengths: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+) -> Tuple[Launch, torch.Tensor]:
+    """FlashMLA's MODEL1 sparse decode (DeepSeek-V4) on model1_fp8 pages, one decode row per b.
+
+    q [rows, H, 512] bf16 (zero-padded to 64 or 128 heads at setup); swa_pages / extra_pages
+    [blocks, page_bytes] uint8 as b12x.reference.quantize_model1_fp8 writes them; indices /
+    extra_indices [rows, w] int32 flat slots (-1 invalid) with lengths [rows] int32. Returns
+    ``(fn, out)`` as decode_fp8."""
+    fm = _module()
+    rows, h, d = q.shape
+    if d != V4_D_QK or q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bf16 [rows, H, {V4_D_QK}], got {q.dtype} {tuple(q.shape)}")
+
+    def kcache(pages, page):
+        # FlashMLA reads a page as [page, 1, 584]-shaped bytes at the page stride (its MODEL1 view)
+        return pages.as_strided((pages.shape[0], page, 1, 584), (pages.stride(0), 584, 584, 1))
+
+    hp = _kernel_heads(h)
+    q4 = _pad_heads(q, hp).view(rows, 1, hp, V4_D_QK)
+    sink = None
+    if attn_sink is not None:
+        sink = attn_sink.new_zeros(hp)
+        sink[:h].copy_(attn_sink)
+    kw = dict(indices=indices.contiguous().view(rows, 1, -1), topk_length=lengths, attn_sink=sink)
+    if extra_pages is not None:
+        kw.update(extra_k_cache=kcache(extra_pages, extra_page),
+                  extra_indices_in_kvcache=extra_indices.contiguous().view(rows, 1, -1),
+                  extra_topk_length=extra_lengths)
+    sched_meta, _ = fm.get_mla_metadata()
+    call = functools.partial(
+        fm.flash_mla_with_kvcache, q4, kcache(swa_pages, swa_page),
+        block_table=None, cache_seqlens=None, head_dim_v=V4_D_QK, tile_scheduler_metadata=sched_meta,
+        num_splits=None, softmax_scale=float(sm_scale), causal=False, is_fp8_kvcache=True, use_legacy=True, **kw,
+    )
+
+    def fn():
+        out4, lse = call()
+        return out4[:, 0, :h], lse[:, :h, 0]
+
+    out, _ = fn()
+    return fn, out
