@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|v4|ceiling|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -25,6 +25,15 @@ fi
 if [ "$what" = indexer ] || [ "$what" = all ]; then
   python3 benchmarks/bench_indexer.py --json "$OUT/indexer.json" ${INDEXER_BENCH_ARGS:-} > "$OUT/bench-indexer.log" 2>&1 || rc=1
 fi
+if [ "$what" = v4 ] || [ "$what" = all ]; then
+  python3 -m pytest -q -m gpu tests/gpu/test_sparse_mla_model1_gpu.py -p no:cacheprovider > "$OUT/gpu-tests-v4.log" 2>&1 || rc=1
+  python3 benchmarks/bench_sparse_mla_v4.py --json "$OUT/v4.json" > "$OUT/bench-v4.log" 2>&1 || rc=1
+fi
+if [ "$what" = ceiling ] || [ "$what" = all ]; then
+  # the gather ceiling of the 8-head floor (docs/notes/mma-forms.md, "8 heads per rank")
+  nvcc -O3 -arch=sm_90a benchmarks/ceilings/gather_ceiling.cu -o /tmp/gather_ceiling > "$OUT/ceiling.log" 2>&1 &&
+    /tmp/gather_ceiling >> "$OUT/ceiling.log" 2>&1 || rc=1
+fi
 echo "== gpu"; cat "$OUT/gpu.txt"
 echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
@@ -32,4 +41,7 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/bench-extend.log" ] && { echo "== extend bench"; tail -12 "$OUT/bench-extend.log"; }
 [ -f "$OUT/bench-dcp.log" ] && { echo "== dcp bench"; tail -8 "$OUT/bench-dcp.log"; }
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }
+[ -f "$OUT/gpu-tests-v4.log" ] && { echo "== v4 tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests-v4.log" | tail -20; }
+[ -f "$OUT/bench-v4.log" ] && { echo "== v4 bench"; tail -30 "$OUT/bench-v4.log"; }
+[ -f "$OUT/ceiling.log" ] && { echo "== gather ceiling"; tail -30 "$OUT/ceiling.log"; }
 exit $rc
