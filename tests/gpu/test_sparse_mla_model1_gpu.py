@@ -261,3 +261,43 @@ def test_v4_indexer_topk_feeds_the_c4_extra_list():
                                            extra_indices=slots, extra_lengths=xlen, extra_page=64)
     torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
     torch.testing.assert_close(lse, ref_lse, atol=2e-3 * ref_lse.abs().max().item() + 2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("heads", (64, 128))
+@pytest.mark.parametrize("extra", (None, (512, 64), (1024, 2)))
+def test_model1_matches_flashmla_model1_decode(heads, extra):
+    """Cross-check against FlashMLA's MODEL1 decode on the same pages and indices (where the peer
+    is installed): SWA 128 (pages of 256) alone, + C4 (page 64), + C128 (page 2), with a sink."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from benchmarks.peers import flashmla
+
+    if not flashmla.available():
+        pytest.skip(f"FlashMLA peer: {flashmla.unavailable_reason()}")
+    g = torch.Generator(device="cuda").manual_seed(heads)
+    rows = 6
+    main = pages(16, 256, g)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 16 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    idx[0, ::9] = -1
+    lengths = torch.tensor([128, 128, 64, 128, 1, 128], dtype=torch.int32, device="cuda")
+    sink = torch.randn(heads, device="cuda", generator=g)
+    pkw = {}
+    if extra is None:
+        out, lse = run(heads, 256, q, main, idx, lengths, sink=sink, topk=512)
+    else:
+        w, page = extra
+        ext = pages(-(-4096 // page), page, g)
+        xidx = torch.randint(0, ext.shape[0] * page, (rows, w), device="cuda", generator=g, dtype=torch.int32)
+        xlen = torch.tensor([w, w // 2, 0, w, 7, w], dtype=torch.int32, device="cuda")
+        xtopk = 1024 if page == 64 and heads == 128 else (512 if page == 64 else 8192)
+        out, lse = run_two(heads, q, main, idx, lengths, ext, xidx, xlen, xtopk, page, sink=sink)
+        pkw = dict(extra_pages=ext, extra_page=page, extra_indices=xidx, extra_lengths=xlen)
+    fn, _ = flashmla.decode_model1(q, main, 256, idx, lengths, SM_SCALE, attn_sink=sink, **pkw)
+    peer_out, peer_lse = fn()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), peer_out.float(), atol=2e-2 * peer_out.float().abs().max().item(), rtol=5e-2)
+    fin = torch.isfinite(peer_lse) & torch.isfinite(lse)
+    torch.testing.assert_close(lse[fin], peer_lse[fin].float(), atol=5e-3, rtol=1e-3)
