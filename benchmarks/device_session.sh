@@ -28,6 +28,7 @@ fi
 if [ "$what" = v4 ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu tests/gpu/test_sparse_mla_model1_gpu.py -p no:cacheprovider > "$OUT/gpu-tests-v4.log" 2>&1 || rc=1
   python3 benchmarks/bench_sparse_mla_v4.py --json "$OUT/v4.json" > "$OUT/bench-v4.log" 2>&1 || rc=1
+  python3 benchmarks/bench_sparse_mla_v4_prefill.py --json "$OUT/v4-prefill.json" > "$OUT/bench-v4-prefill.log" 2>&1 || rc=1
 fi
 if [ "$what" = ceiling ] || [ "$what" = all ]; then
   # the gather ceiling of the 8-head floor (docs/notes/mma-forms.md, "8 heads per rank")
@@ -43,5 +44,6 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }
 [ -f "$OUT/gpu-tests-v4.log" ] && { echo "== v4 tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests-v4.log" | tail -20; }
 [ -f "$OUT/bench-v4.log" ] && { echo "== v4 bench"; tail -30 "$OUT/bench-v4.log"; }
+[ -f "$OUT/bench-v4-prefill.log" ] && { echo "== v4 prefill bench"; tail -8 "$OUT/bench-v4-prefill.log"; }
 [ -f "$OUT/ceiling.log" ] && { echo "== gather ceiling"; tail -30 "$OUT/ceiling.log"; }
 exit $rc

@@ -300,3 +300,36 @@ def decode_model1(
 
     out, _ = fn()
     return fn, out
+
+
+def prefill_v4_bf16(
+    q: torch.Tensor,
+    kv_bf16_flat: torch.Tensor,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+    sm_scale: float,
+    attn_sink: Optional[torch.Tensor] = None,
+) -> Launch:
+    """FlashMLA's sparse prefill at d_qk 512 (DeepSeek-V4) on a flat bf16 workspace, as engines
+    run V4 prefill today after dequantising the selected KV: q [s_q, H, 512] bf16, kv [s_kv, 512]
+    bf16, indices [s_q, topk] int32 rows of kv (-1 invalid), lengths [s_q] (topk_length)."""
+    fm = _module()
+    s_q, h, d = q.shape
+    if d != V4_D_QK or kv_bf16_flat.shape[-1] != V4_D_QK:
+        raise ValueError(f"q and kv must have {V4_D_QK} dims, got {tuple(q.shape)}, {tuple(kv_bf16_flat.shape)}")
+    hp = _kernel_heads(h)
+    sink = None
+    if attn_sink is not None:
+        sink = attn_sink.new_zeros(hp)
+        sink[:h].copy_(attn_sink)
+    call = functools.partial(
+        fm.flash_mla_sparse_fwd, _pad_heads(q, hp), kv_bf16_flat.unsqueeze(1),
+        indices.contiguous().view(s_q, 1, indices.shape[1]), float(sm_scale), d_v=V4_D_QK,
+        attn_sink=sink, topk_length=lengths, use_legacy=True,
+    )
+
+    def fn():
+        out, _max_logits, lse = call()
+        return out[:, :h], lse[:, :h]
+
+    return fn
