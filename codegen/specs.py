@@ -151,8 +151,7 @@ class SparseMLASpec(KernelSpec):
         from .tiling import decode_tiling
 
         return decode_tiling(self.num_heads, self.kv_format, self.arch, self.mode, d_qk=self.q_head_dim,
-                             record_bytes=getattr(kv_record(self.kv_format, self.kv_lora_rank, self.rope_dim),
-                                                  "raw_bytes", 0),
+                             record_bytes=kv_record(self.kv_format, self.kv_lora_rank, self.rope_dim).raw_bytes,
                              v_in_rope=self.v_head_dim > self.kv_lora_rank)
 
     @property

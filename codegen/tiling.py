@@ -58,8 +58,8 @@ def _smem_bytes(d_qk: int, record_bytes: int, head_block: int, tile_tokens: int,
 def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode", *, d_qk: int,
                   record_bytes: int, v_in_rope: bool = False) -> dict:
     """Tile parameters for the sparse MLA kernels (decode split and extend share the template).
-    d_qk: the dims of a q / K row (bf16 in shared memory); record_bytes: one token's record in
-    the cache (raw fp8 stages hold them as they are).
+    d_qk: the dims of a q / K row (bf16 in shared memory); record_bytes: one token as the raw fp8
+    stages hold it (kv_layout's raw_bytes); v_in_rope: V reaches into the RoPE block.
 
     head_block:  heads per CTA; the MMA M dimension (16 per warp row).
     tile_tokens: gathered tokens per pipeline stage (online-softmax step).

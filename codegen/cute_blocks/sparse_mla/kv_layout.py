@@ -60,6 +60,11 @@ class Bf16Record:
     def last_dim(self) -> int:
         return self.d_nope + self.d_rope
 
+    @property
+    def raw_bytes(self) -> int:
+        """bf16 rows go straight into the K tile: nothing is staged raw."""
+        return 0
+
 
 @dataclass(frozen=True)
 class Model1Fp8Record:
