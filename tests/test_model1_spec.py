@@ -87,3 +87,24 @@ def test_extra_list_fields_and_binding():
     with pytest.raises(InputError, match="extra_indices, extra_lengths: expected None"):
         one.bind(torch.empty(one.scratch_bytes(), dtype=torch.uint8), q=q, indices=z(4, 128), lengths=z(4),
                  extra_indices=z(4, 64), extra_lengths=z(4))
+
+
+def test_run_checks_the_extra_cache_before_launch():
+    caps = sm.Caps(num_heads=16, topk=512, kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, page_size=256,
+                   extra_topk=1024, extra_page_size=64, arch="sm_90a", num_sms=132, max_rows=8)
+    p = sm.plan(caps)
+    scr = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+    z = torch.zeros(2, 128, dtype=torch.int32)
+    b = p.bind(scr, q=torch.zeros(2, 16, 512, dtype=torch.bfloat16), indices=z, lengths=z[:, 0].contiguous(),
+               extra_indices=torch.zeros(2, 64, dtype=torch.int32), extra_lengths=z[:, 0].contiguous())
+    main = quantize_model1_fp8(torch.randn(1, 256, 512))
+    with pytest.raises(InputError, match="extra_kv_cache: expected the extra list's cache"):
+        sm.run_decode(b, kv_cache=main, sm_scale=1.0)
+    with pytest.raises(InputError, match=r"extra_kv_cache: expected shape \(\*, 37440\)"):
+        sm.run_decode(b, kv_cache=main, sm_scale=1.0, extra_kv_cache=main)      # pages of 256, not 64
+    one = sm.plan(sm.Caps(num_heads=16, kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, page_size=256,
+                          arch="sm_90a", num_sms=132, max_rows=8))
+    b1 = one.bind(torch.empty(one.scratch_bytes(), dtype=torch.uint8), q=torch.zeros(2, 16, 512, dtype=torch.bfloat16),
+                  indices=z, lengths=z[:, 0].contiguous())
+    with pytest.raises(InputError, match="extra_kv_cache: expected None for a plan without an extra list"):
+        sm.run_decode(b1, kv_cache=main, sm_scale=1.0, extra_kv_cache=main)
