@@ -27,7 +27,8 @@ REQUIRED = {
 ADAPTER = "b12x.integration.vllm"
 REQUIRED_ADAPTER = {"b12x.dcp.allocate_topk_buffers", f"{ADAPTER}.SparseIndexer.topk",
                     f"{ADAPTER}.SparseIndexer.dcp_global_topk", f"{ADAPTER}.SparseMLA.decode", f"{ADAPTER}.prewarm",
-                    "b12x.metadata.decode_active_width", "b12x.registry.freeze"}
+                    "b12x.metadata.decode_active_width", "b12x.registry.freeze", f"{ADAPTER}.SparseMLAV4",
+                    f"{ADAPTER}.SparseMLAV4.decode"}
 
 
 @pytest.mark.parametrize("section", sorted(README_SECTIONS))

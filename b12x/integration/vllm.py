@@ -22,6 +22,14 @@ adapter"; tests/test_readme_examples.py checks that these calls exist as written
     indexer.dcp_global_topk(bufs, rows, scratch=ws, merged=merged)  # DCP > 1
     mla.decode(q, kv_cache, slots, slot_lengths, out=attn_out, scratch=ws, sm_scale=softmax_scale)
 
+DeepSeek-V4 layers (model1_fp8 pages; one SparseMLAV4 per layer kind, the extra list for C4 / C128
+layers only):
+
+    v4 = SparseMLAV4(num_heads=num_heads, swa_topk=128, swa_page_size=256, extra_topk=c4_topk,
+                     extra_page_size=64, max_rows=max_rows)
+    v4.decode(q, swa_cache, swa_indices, swa_lengths, out=attn_out, scratch=ws, sm_scale=softmax_scale,
+              extra_cache=c4_cache, extra_indices=c4_slots, extra_lengths=c4_lengths, attn_sink=attn_sink)
+
 `slots` are flat KV slots (block * 64 + offset) of each row's selection: the engine converts the
 indexer's row-relative positions (or, under DCP, takes this rank's share of `merged`,
 `b12x.dcp.filter_local`).
