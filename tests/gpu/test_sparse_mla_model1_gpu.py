@@ -301,3 +301,30 @@ def test_model1_matches_flashmla_model1_decode(heads, extra):
     torch.testing.assert_close(out.float(), peer_out.float(), atol=2e-2 * peer_out.float().abs().max().item(), rtol=5e-2)
     fin = torch.isfinite(peer_lse) & torch.isfinite(lse)
     torch.testing.assert_close(lse[fin], peer_lse[fin].float(), atol=5e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ("decode", "extend"))
+def test_model1_cache_past_2_31_bytes(mode):
+    """Pages that sit past 2^31 bytes of the cache tensor (64-bit addressing), main and extra: only
+    the last pages hold data; the reference reads a compact copy of them with remapped indices."""
+    g = torch.Generator(device="cuda").manual_seed(31)
+    heads, rows, live = 16, 3, 4
+    blocks = (2 ** 31) // model1_page_bytes(256) + 64
+    big = torch.zeros(blocks, model1_page_bytes(256), dtype=torch.uint8, device="cuda")
+    big[-live:] = pages(live, 256, g)
+    assert big[-live:].data_ptr() - big.data_ptr() > 2 ** 31
+    xblocks = (2 ** 31) // model1_page_bytes(2) + 64
+    xbig = torch.zeros(xblocks, model1_page_bytes(2), dtype=torch.uint8, device="cuda")
+    xbig[-64:] = pages(64, 2, g)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    local = torch.randint(0, live * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    xlocal = torch.randint(0, 64 * 2, (rows, 1024), device="cuda", generator=g, dtype=torch.int32)
+    idx = local + (blocks - live) * 256
+    xidx = xlocal + (xblocks - 64) * 2
+    lengths = torch.full((rows,), 128, dtype=torch.int32, device="cuda")
+    xlen = torch.tensor([1024, 500, 3], dtype=torch.int32, device="cuda")
+    out, lse = run_two(heads, q, big, idx, lengths, xbig, xidx, xlen, 8192, 2, mode=mode)
+    ref, ref_lse = sparse_mla_v4_reference(q, big[-live:], local, lengths, SM_SCALE, main_page=256,
+                                           extra_kv=xbig[-64:], extra_indices=xlocal, extra_lengths=xlen, extra_page=2)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3 * ref_lse.abs().max().item() + 2e-3, rtol=1e-3)
