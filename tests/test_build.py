@@ -44,6 +44,26 @@ def test_aot_build_without_gpu(tmp_cache):
     assert [r.key for r in again] == [r.key for r in results]
 
 
+V4 = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, kv_format="model1_fp8", topk=512,
+          page_size=256)
+# DeepSeek-V4 over two lists, one spec per gather form: registers (8 heads as N), the producer
+# warpgroup (64 heads, P beside the K stages), the raw shared-memory form (sm_120a)
+V4_FORMS = [
+    SparseMLASpec(**V4, num_heads=8, extra_topk=8192, extra_page_size=2, arch="sm_90a"),
+    SparseMLASpec(**V4, num_heads=64, extra_topk=512, extra_page_size=64, mode="extend", arch="sm_90a"),
+    SparseMLASpec(**V4, num_heads=16, extra_topk=1024, extra_page_size=64, arch="sm_120a"),
+]
+
+
+def test_aot_build_of_every_deepseek_v4_form(tmp_cache):
+    for r in build_specs(V4_FORMS, ArtifactCache(), jobs=2):
+        assert r.built and r.so_path.exists() and r.size > 0
+        want = {"extend"} if r.spec.mode == "extend" else {"split", "combine", "combine_many_splits"}
+        assert set(r.kernels) == want, r.spec.name
+        for name, rep in r.kernels.items():
+            assert rep["spill_bytes"] == 0, f"{r.spec.name}/{name} spills {rep['spill_bytes']} bytes"
+
+
 def test_cli_bad_preset_exits_2(capsys):
     from codegen.cli import main
 
