@@ -10,7 +10,26 @@ from .gather import GatherRows
 from .kv_format import Fp8DsMlaDequant, Model1Dequant, ue8m0_scale
 
 
-class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
+class RawStages(GatherRows):
+    """What the raw forms share: the 16-byte cp.async of a row's chunks into its raw slot."""
+
+    @cute.jit
+    def copy_chunks(self, atom, gaddr, raw_base, dst_off, q, chunks: cutlass.Constexpr):
+        """A row's 16-byte chunks q, q + 8, ... of `chunks` by its thread q: gaddr and dst_off
+        point at chunk q (global address, byte offset into the raw slots)."""
+        for j in cutlass.range_constexpr((chunks + 7) // 8):
+            if const_expr(8 * j + 8 <= chunks):
+                self.cp16(atom, gaddr + 128 * j, raw_base + (dst_off + 128 * j))
+            else:
+                if 8 * j + q < chunks:
+                    self.cp16(atom, gaddr + 128 * j, raw_base + (dst_off + 128 * j))
+
+    @cute.jit
+    def cp16(self, atom, gaddr, sptr):
+        cute.copy(atom, self.gmem_vec(gaddr, Uint8, 16), cute.make_tensor(sptr, cute.make_layout((16,))))
+
+
+class Fp8RawGather(Fp8DsMlaDequant, RawStages):
     """fp8_ds_mla records cp.async'd raw into raw_stages shared-memory slots, then dequantised
     into the K tile. Config: tile_tokens, raw_stages, head_block, wgmma, gather_threads."""
 
@@ -25,23 +44,13 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
         )
         q = self.col_slot(tKcK)
         record_bytes = self.record.bytes
-        chunks = record_bytes // 16
         for m in cutlass.range_constexpr(cute.size(rIdx)):
             slot_idx = rIdx[m]
             if self.live_slot(slot_idx, n_slots):
                 addr = self.row_address(mKV, slot_idx, record_bytes)
                 r = tKcK[0, m, 0][0]
                 dst_off = cute.assume((slot * self.tile_tokens + r) * record_bytes + 16 * q, divby=16)
-                for j in cutlass.range_constexpr((chunks + 7) // 8):
-                    if const_expr(8 * j + 8 <= chunks):
-                        self.cp16(atom, addr + 16 * q + 128 * j, raw_base + (dst_off + 128 * j))
-                    else:
-                        if 8 * j + q < chunks:
-                            self.cp16(atom, addr + 16 * q + 128 * j, raw_base + (dst_off + 128 * j))
-
-    @cute.jit
-    def cp16(self, atom, gaddr, sptr):
-        cute.copy(atom, self.gmem_vec(gaddr, Uint8, 16), cute.make_tensor(sptr, cute.make_layout((16,))))
+                self.copy_chunks(atom, addr + 16 * q, raw_base, dst_off, q, record_bytes // 16)
 
     @cute.jit
     def dequant_fp8_tile(self, raw_base, sKs, sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy):
@@ -91,10 +100,10 @@ class Fp8RawGather(Fp8DsMlaDequant, GatherRows):
                 sBias[self.raw_stages * self.tile_tokens + r] = bias
 
 
-class Model1RawGather(Model1Dequant, Fp8RawGather):
-    """model1_fp8 records cp.async'd raw into shared memory (Fp8RawGather's slots, raw_bytes a
-    token: its token data, then its scale bytes), dequantised there into the K tile; the thread
-    layout of Model1Dequant (chunk q of each 64-column atom)."""
+class Model1RawGather(Model1Dequant, RawStages):
+    """model1_fp8 records cp.async'd raw into RAW_STAGES shared-memory slots (raw_bytes a token:
+    its token data, then its scale bytes), dequantised there into the K tile; the thread layout
+    of Model1Dequant (chunk q of each 64-column atom). Config as Fp8RawGather."""
 
     @cute.jit
     def issue_fp8_raw(self, mKV, raw_base, sBias, slot, tKcK, rIdx, n_slots):
@@ -108,19 +117,13 @@ class Model1RawGather(Model1Dequant, Fp8RawGather):
                                     num_bits_per_copy=64)
         q = self.col_slot(tKcK)
         rec = self.record
-        chunks = rec.token_bytes // 16
         for m in cutlass.range_constexpr(cute.size(rIdx)):
             slot_idx = rIdx[m]
             if self.live_slot(slot_idx, n_slots):
                 tok, scales = self.model1_rows(mKV, slot_idx, n_slots)
                 r = tKcK[0, m, 0][0]
                 row_off = cute.assume((slot * self.tile_tokens + r) * rec.raw_bytes, divby=16)
-                for j in cutlass.range_constexpr((chunks + 7) // 8):
-                    if const_expr(8 * j + 8 <= chunks):
-                        self.cp16(atom, tok + 16 * q + 128 * j, raw_base + (row_off + 16 * q + 128 * j))
-                    else:
-                        if 8 * j + q < chunks:
-                            self.cp16(atom, tok + 16 * q + 128 * j, raw_base + (row_off + 16 * q + 128 * j))
+                self.copy_chunks(atom, tok + 16 * q, raw_base, row_off + 16 * q, q, rec.token_bytes // 16)
                 if q == 0:
                     cute.copy(atom8, self.gmem_vec(scales, Uint8, rec.SCALE_BYTES, align=8),
                               cute.make_tensor(raw_base + (row_off + rec.token_bytes), cute.make_layout((rec.SCALE_BYTES,))))

@@ -12,7 +12,28 @@ from .kv_layout import Fp8DsMlaRecord, Model1Fp8Record
 PAGE_SIZE = 64
 
 
-class Fp8DsMlaDequant:
+class Fp8Dequant:
+    """What the fp8 format blocks share: a gather thread's column slot and the dequant store of
+    e4m3 values times their scale into the K tile's type."""
+
+    def col_slot(self, tKcK):
+        """This gather thread's 16-byte column slot (0..7) in a token row: its NoPE chunks, the
+        scale chunk it loads and its RoPE chunk follow from it."""
+        return tKcK[0, 0, 0][1] // 8
+
+    @cute.jit
+    def store_dequant(self, rV, scale, dst):
+        """16 e4m3 values * scale -> the K tile's type -> one 32-byte smem store. fp16: one exact
+        conversion and one packed multiply per pair; bf16: through f32."""
+        rB = cute.make_rmem_tensor(dst.shape, dst.element_type)
+        if const_expr(dst.element_type == Float16):
+            rB.store(rV.load().to(Float16) * scale.to(Float16))
+        else:
+            rB.store((rV.load().to(Float32) * scale).to(BFloat16))
+        cute.autovec_copy(rB, dst)
+
+
+class Fp8DsMlaDequant(Fp8Dequant):
     """fp8_ds_mla: a record row (NoPE e4m3 * per-128 scale, RoPE bf16) into the K tile.
     Config: tile_tokens, d_nope, d_rope, rows_per_pass. The gather threads of a row pair up
     two rows per 8 threads (paired_rows: kernel.gather_copies), which keeps the 32-byte NoPE
@@ -25,11 +46,6 @@ class Fp8DsMlaDequant:
         """The record layout: bytes, scale_off, rope_off, n_scales (one per 128 NoPE values,
         which is also the 16-byte NoPE chunks of a gather thread: 8 threads cover 128 values)."""
         return Fp8DsMlaRecord(self.d_nope, self.d_rope)
-
-    def col_slot(self, tKcK):
-        """This gather thread's 16-byte column slot (0..7) in a token row: its NoPE chunks, the
-        scale chunk it loads and its RoPE chunk follow from it."""
-        return tKcK[0, 0, 0][1] // 8
 
     # records gathered into registers, one tile ahead (Fp8RegsPipeline)
     def make_fp8_regs(self):
@@ -73,17 +89,6 @@ class Fp8DsMlaDequant:
         return tNs, tRs
 
     @cute.jit
-    def store_dequant(self, rV, scale, dst):
-        """16 e4m3 values * scale -> the K tile's type -> one 32-byte smem store. fp16: one exact
-        conversion and one packed multiply per pair; bf16: through f32."""
-        rB = cute.make_rmem_tensor(dst.shape, dst.element_type)
-        if const_expr(dst.element_type == Float16):
-            rB.store(rV.load().to(Float16) * scale.to(Float16))
-        else:
-            rB.store((rV.load().to(Float32) * scale).to(BFloat16))
-        cute.autovec_copy(rB, dst)
-
-    @cute.jit
     def zero_row(self, parts, m):
         tNs, tRs = parts
         for k in cutlass.range_constexpr(self.record.n_scales):
@@ -99,7 +104,7 @@ def ue8m0_scale(e, *, loc=None, ip=None) -> Float32:
     return Float32(llvm.bitcast(T.f32(), bits.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
-class Model1Dequant(Fp8DsMlaDequant):
+class Model1Dequant(Fp8Dequant):
     """model1_fp8 (DeepSeek-V4, FlashMLA's MODEL1 pages): a token's d_nope e4m3 NoPE values
     times their per-64 UE8M0 scale, then its bf16 RoPE values, into the K tile. The token data
     and the scales sit apart in the page (kv_layout.Model1Fp8Record).
