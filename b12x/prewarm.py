@@ -81,7 +81,8 @@ def prewarmed_keys() -> set[PrewarmKey]:
 
 
 def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
-    """Small random inputs that touch one page; every launch really runs."""
+    """Small random inputs that touch one page; every launch really runs. Returns q, indices,
+    lengths, the cache, and the extra list's bind and run arguments (empty without one)."""
     caps = p.caps
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(rows, caps.num_heads, caps.q_head_dim, device=device, dtype=torch.bfloat16, generator=g)
@@ -90,17 +91,17 @@ def _warm_inputs(p: sparse_mla.SparseMLAPlan, rows: int, device: torch.device):
     if caps.kv_format == "model1_fp8":    # [blocks, page_bytes] pages
         rec = kv_record(caps.kv_format, caps.kv_lora_rank, caps.rope_dim)
         kv = torch.zeros(1, rec.page_bytes(caps.page_size), device=device, dtype=torch.uint8)
-        extra = {}
+        bind_extra, run_extra = {}, {}
         if caps.extra_topk:
-            extra = dict(extra_indices=torch.randint(0, caps.extra_page_size, (rows, caps.extra_topk), device=device,
-                                                     dtype=torch.int32, generator=g),
-                         extra_lengths=torch.full((rows,), caps.extra_topk, device=device, dtype=torch.int32),
-                         extra_kv_cache=torch.zeros(1, rec.page_bytes(caps.extra_page_size), device=device,
-                                                    dtype=torch.uint8))
-        return q, idx % caps.page_size, lengths, kv, extra
+            bind_extra = dict(extra_indices=torch.randint(0, caps.extra_page_size, (rows, caps.extra_topk),
+                                                          device=device, dtype=torch.int32, generator=g),
+                              extra_lengths=torch.full((rows,), caps.extra_topk, device=device, dtype=torch.int32))
+            run_extra = dict(extra_kv_cache=torch.zeros(1, rec.page_bytes(caps.extra_page_size), device=device,
+                                                        dtype=torch.uint8))
+        return q, idx % caps.page_size, lengths, kv, bind_extra, run_extra
     dtype, last = sparse_mla.kv_token(caps.kv_format, caps.kv_lora_rank, caps.rope_dim)
     kv = torch.zeros(1, 64, last, device=device, dtype=dtype)
-    return q, idx, lengths, kv, {}
+    return q, idx, lengths, kv, {}, {}
 
 
 def prewarm_sparse_mla(*, num_heads: int, kv_format: str = "fp8_ds_mla", topk: int = 2048, max_rows: int | None = None,
@@ -139,10 +140,9 @@ def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: to
     graphs use (1, 2, 4, max_rows, capped at the plan), binding the caller's scratch every call."""
     run = {"decode": sparse_mla.run_decode, "extend": sparse_mla.run_extend}[p.caps.mode]
     for rows in sorted({r for r in (1, 2, 4, max_rows) if r <= p.caps.max_rows}):
-        q, idx, lengths, kv, extra = _warm_inputs(p, rows, device)
-        extra_kv = extra.pop("extra_kv_cache", None)
-        b = p.bind(scratch, q=q, indices=idx, lengths=lengths, **extra)
-        run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5, extra_kv_cache=extra_kv)
+        q, idx, lengths, kv, bind_extra, run_extra = _warm_inputs(p, rows, device)
+        b = p.bind(scratch, q=q, indices=idx, lengths=lengths, **bind_extra)
+        run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5, **run_extra)
 
 
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,

@@ -1,5 +1,7 @@
 """DeepSeek-V4's model1_fp8 format as a sparse MLA spec: validation names the field, the module
 is the V3.2 kernel with the model1 format block, and the runtime checks the page tensor."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -108,3 +110,16 @@ def test_run_checks_the_extra_cache_before_launch():
                   indices=z, lengths=z[:, 0].contiguous())
     with pytest.raises(InputError, match="extra_kv_cache: expected None for a plan without an extra list"):
         sm.run_decode(b1, kv_cache=main, sm_scale=1.0, extra_kv_cache=main)
+
+
+def test_prewarm_inputs_pass_every_check_but_the_device():
+    """prewarm's warm-up inputs for a two-list plan bind and pass run's checks up to the launch
+    (on the CPU only the CUDA-device check stops them)."""
+    from b12x.prewarm import _warm_inputs
+
+    caps = sm.v4_caps(num_heads=16, topk=512, page_size=256, extra_topk=8192, extra_page_size=2, max_rows=8)
+    p = sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132))
+    q, idx, lengths, kv, bind_extra, run_extra = _warm_inputs(p, 4, torch.device("cpu"))
+    b = p.bind(torch.empty(p.scratch_bytes(), dtype=torch.uint8), q=q, indices=idx, lengths=lengths, **bind_extra)
+    with pytest.raises(InputError, match="q: expected a CUDA tensor to launch on"):
+        sm.run_decode(b, kv_cache=kv, sm_scale=512 ** -0.5, **run_extra)
