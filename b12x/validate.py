@@ -9,6 +9,13 @@ import torch
 from .errors import InputError
 
 
+def _same_device(have: torch.device, want: torch.device) -> bool:
+    """`want` without an index ("cuda") means the current device of its type, as torch reads it."""
+    if want.index is None and have.type == want.type:
+        return have.type != "cuda" or have.index == torch.cuda.current_device()
+    return have == want
+
+
 def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | None = None,
                  shape: Sequence[int | None] | None = None, contiguous: bool = False,
                  device: torch.device | None = None, align: int = 16) -> torch.Tensor:
@@ -28,7 +35,7 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | 
                 raise InputError(f"{name}: expected shape {exp}, got {tuple(t.shape)} (dim {i}: {want} != {have})")
     if contiguous and not t.is_contiguous():
         raise InputError(f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
+    if device is not None and not _same_device(t.device, torch.device(device)):
         raise InputError(f"{name}: expected device {device}, got {t.device}")
     if t.device.type == "cuda" and t.numel() and t.data_ptr() % align:
         raise InputError(f"{name}: expected a {align}-byte aligned data pointer, got {t.data_ptr():#x}")

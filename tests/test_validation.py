@@ -1,4 +1,6 @@
 """Input validation of the sparse MLA facade, on CPU tensors (checks run before any launch)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -119,6 +121,20 @@ def test_split_plan_fills_the_gpu_and_scratch_covers_every_row_count(plan):
     assert sm.split_plan(512, 2048, 132, 2) == (1, 2048)   # many rows: no split
     need = max(r * plan.splits(r, 256)[0] for r in range(1, 9)) * H * 512 * 2
     assert plan.regions["partial_o"].nbytes == need
+
+
+def test_scratch_covers_every_width_and_row_count_of_a_two_list_plan():
+    """The split cost model is not monotone in the width (a main list of 128 + 8192 extra entries
+    wants more splits than the plan's widest 512 + 8192 row at some row counts): every bind's
+    partials must fit the scratch, and the splits still cover the row."""
+    for heads in (8, 32, 64, 128):
+        caps = sm.v4_caps(num_heads=heads, topk=512, page_size=256, extra_topk=8192, extra_page_size=2, max_rows=12)
+        p = sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132))
+        for rows in range(1, 13):
+            for width in range(128, 512 + 8192 + 1, 64):
+                s, tps = p.splits(rows, width)
+                assert s * tps >= width and (s - 1) * tps < width, (heads, rows, width, s, tps)
+                assert rows * s * heads * 512 * 2 <= p.regions["partial_o"].nbytes, (heads, rows, width, s)
 
 
 def test_extend_plan_and_routing():

@@ -120,7 +120,17 @@ class SparseMLAPlan(Plan):
         return [self.spec] + ([replace(self.spec, mode="extend")] if self.whole_row else [])
 
     def splits(self, rows: int, width: int) -> tuple[int, int]:
-        return split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
+        """split_plan's choice for this call, capped at the splits of the plan's widest row: the
+        cost model is not monotone in the width (a narrower row can want more splits), and the
+        scratch holds partials for the widest row's splits only."""
+        s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
+        cap = split_plan(rows, self.caps.topk + self.caps.extra_topk, self.num_sms, self.head_blocks,
+                         self.ctas_per_sm)[0]
+        if s > cap:
+            tiles = max(1, width // PAGE)
+            tps = -(-tiles // cap) * PAGE
+            s = -(-tiles * PAGE // tps)
+        return s, tps
 
     def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
