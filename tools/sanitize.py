@@ -1,0 +1,115 @@
+"""A small call of every kernel family and form, for compute-sanitizer (tools/sanitize.sh runs it
+under memcheck, initcheck, racecheck and synccheck).
+
+    python tools/sanitize.py [--only sparse_mla,model1,bundles] [--heads 8,16,32,64,128]
+
+sparse_mla: decode (a one-row call of many splits, so the many-split combine; a three-row call of
+few) and extend, every head count, fp8_ds_mla and bf16, on random caches with -1 entries.
+model1: DeepSeek-V4 pages, main list + C4 extra list, decode and extend, every head count.
+bundles: prewarm_preset of the V3.2 bundle (indexer paged / row-pair / contiguous logits, top-k
+with and without scores, the fused path, DCP conversion, merge and owner filter) and of the
+compressed-indexer preset (c = 4, 128), at up to 4 rows. Each call is synchronised and checked
+for NaN, so a fault names the call that made it (printed before it runs)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from b12x.attention import sparse_mla as sm  # noqa: E402
+from b12x.reference import V4_DIM, quantize_fp8_ds_mla, quantize_model1_fp8  # noqa: E402
+
+HEADS = (8, 16, 32, 64, 128)
+
+
+def _step(name: str) -> None:
+    print(f"-- {name}", flush=True)
+
+
+def _finish(out: torch.Tensor) -> None:
+    torch.cuda.synchronize()
+    if out.isnan().any():
+        raise SystemExit("unwritten (NaN) outputs")
+
+
+def _run(p, scratch, q, idx, lens, kv, extra_bind=None, extra_kv=None):
+    rows, h = q.shape[:2]
+    out = torch.full((rows, h, p.caps.v_head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
+    b = p.bind(scratch, q=q, indices=idx, lengths=lens, out=out, **(extra_bind or {}))
+    run = sm.run_extend if p.caps.mode == "extend" else sm.run_decode
+    kw = {"extra_kv_cache": extra_kv} if extra_kv is not None else {}
+    run(b, kv_cache=kv, sm_scale=0.05, lse_base="e", **kw)
+    _finish(out)
+
+
+def _indices(rows: int, width: int, slots: int, g) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = torch.randint(0, slots, (rows, width), device="cuda", generator=g, dtype=torch.int32)
+    idx[torch.rand(rows, width, device="cuda", generator=g) < 0.1] = -1
+    lens = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    return idx, lens
+
+
+def sparse_mla_calls(heads: tuple[int, ...]) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(16, 64, 576, device="cuda", generator=g)
+    caches = {"fp8_ds_mla": quantize_fp8_ds_mla(k), "bf16": k.bfloat16()}
+    for fmt, kv in caches.items():
+        for h in heads:
+            for mode, calls in (("decode", ((1, 2048), (3, 512))), ("extend", ((3, 512),))):
+                p = sm.plan(sm.Caps(num_heads=h, topk=2048, kv_format=fmt, max_rows=4, mode=mode))
+                scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+                for rows, width in calls:
+                    _step(f"sparse_mla {fmt} h{h} {mode} rows {rows} width {width}")
+                    q = torch.randn(rows, h, 576, device="cuda", generator=g).bfloat16()
+                    _run(p, scratch, q, *_indices(rows, width, 16 * 64, g), kv)
+
+
+def model1_calls(heads: tuple[int, ...]) -> None:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    main = quantize_model1_fp8(torch.randn(4, 256, V4_DIM, device="cuda", generator=g))
+    extra = quantize_model1_fp8(torch.randn(16, 64, V4_DIM, device="cuda", generator=g))
+    for h in heads:
+        xtopk = 1024 if h == 128 else 512
+        for mode in ("decode", "extend"):
+            p = sm.plan(sm.v4_caps(num_heads=h, topk=512, page_size=256, extra_topk=xtopk, extra_page_size=64,
+                                   max_rows=4, mode=mode))
+            scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+            for rows in (1, 3):
+                _step(f"model1 h{h} {mode} rows {rows} main 128 + C4 {xtopk}")
+                q = torch.randn(rows, h, V4_DIM, device="cuda", generator=g).bfloat16()
+                idx, lens = _indices(rows, 128, 4 * 256, g)
+                xidx, xlens = _indices(rows, xtopk, 16 * 64, g)
+                _run(p, scratch, q, idx, lens, main, dict(extra_indices=xidx, extra_lengths=xlens), extra)
+
+
+def bundle_calls() -> None:
+    from b12x.prewarm import prewarm_preset
+    for name in ("deepseek-v3.2-tp8", "indexer-compressed"):
+        _step(f"prewarm_preset {name} (indexer, top-k, fused, DCP) max_rows 4")
+        prewarm_preset(name, max_rows=4, max_width=8192)
+        torch.cuda.synchronize()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="sparse_mla,model1,bundles")
+    ap.add_argument("--heads", default=",".join(map(str, HEADS)))
+    args = ap.parse_args()
+    heads = tuple(int(h) for h in args.heads.split(","))
+    parts = args.only.split(",")
+    if "sparse_mla" in parts:
+        sparse_mla_calls(heads)
+    if "model1" in parts:
+        model1_calls(heads)
+    if "bundles" in parts:
+        bundle_calls()
+    print("sanitize: all calls ran", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
