@@ -1,7 +1,8 @@
-"""Plot a benchmark JSON (bench_sparse_mla_decode/extend.py, bench_indexer.py, bench_dcp.py --json)
-into the PNG that benchmarks/RESULTS.md shows, with the roofline and the commit measured.
+"""Plot a benchmark JSON (bench_sparse_mla_decode/extend.py, bench_indexer.py, bench_dcp.py,
+bench_sparse_mla_v4.py --json) into the PNG that benchmarks/RESULTS.md shows, with the roofline and
+the commit measured.
 
-    python benchmarks/plot.py {decode,extend,indexer,dcp} RESULT.json OUT.png
+    python benchmarks/plot.py {decode,extend,indexer,dcp,v4} RESULT.json OUT.png
 
 The commit in the title is the JSON's; a JSON without one (older runs wrote "unknown") takes
 $B12X_COMMIT, else the checkout's HEAD, and says so on stderr."""
@@ -20,12 +21,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.roofline import BF16_FLOP_PER_S, HBM_BYTES_PER_S, commit  # noqa: E402
+from benchmarks.tables import v4_entries, v4_kind_label, v4_roofline  # noqa: E402
 
 ROOF = dict(color="k", lw=1.0, ls="-.")
 
 
+def info(data: dict) -> dict:
+    """The run's header: top-level in most JSONs, under "info" in the V4 benches'."""
+    return data.get("info") or data
+
+
 def run_commit(data: dict) -> str:
-    c = str(data.get("commit") or "unknown")
+    c = str(info(data).get("commit") or "unknown")
     if c != "unknown":
         return c
     c = commit()
@@ -34,7 +41,8 @@ def run_commit(data: dict) -> str:
 
 
 def title(data: dict, what: str) -> str:
-    return f"{what} on {data.get('device', 'unknown device')} ({data.get('date', 'undated')}, {run_commit(data)[:10]})"
+    i = info(data)
+    return f"{what} on {i.get('device', 'unknown device')} ({i.get('date', 'undated')}, {run_commit(data)[:10]})"
 
 
 def plot_decode(data: dict, path: str) -> None:
@@ -155,7 +163,41 @@ def plot_dcp(data: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-PLOTS = {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer, "dcp": plot_dcp}
+def plot_v4(data: dict, path: str) -> None:
+    """DeepSeek-V4 decode: µs per call against batch, a row of panels per layer kind (SWA, + C4,
+    + C128) and a column per head count, with the roofline (benchmarks/tables.py v4_roofline)."""
+    rows = data["rows"]
+    heads = sorted({r["heads"] for r in rows})
+    groups = ("swa", "swa+c4", "swa+c128")
+    fig, axes = plt.subplots(len(groups), len(heads), figsize=(4 * len(heads), 3.1 * len(groups)), squeeze=False)
+    for i, g in enumerate(groups):
+        for ax, h in zip(axes[i], heads):
+            rs = sorted((r for r in rows if r["heads"] == h and r["kind"].split("_")[0] == g),
+                        key=lambda r: r["batch"])
+            if not rs:
+                ax.set_visible(False)
+                continue
+            b = [r["batch"] for r in rs]
+            ax.plot(b, [r["ours_us"] for r in rs], "o-", label="b12x model1_fp8")
+            ax.plot(b, [r["peer_us"] or float("nan") for r in rs], "s--",
+                    label="FlashMLA MODEL1" + (" (q padded to 64 heads)" if h < 64 else ""))
+            ax.plot(b, [v4_roofline(r) for r in rs], **ROOF, label="roofline")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"h={h}, {v4_kind_label(rs[0]['kind'])} ({v4_entries(rs[0]['kind'])} entries)", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            if i == len(groups) - 1:
+                ax.set_xlabel("batch (2 rows each: MTP)")
+            if h == heads[0]:
+                ax.set_ylabel("µs per call (median)")
+            if i == 0:
+                ax.legend(fontsize=6)
+    fig.suptitle(title(data, "DeepSeek-V4 sparse MLA decode (model1_fp8, s_q = 2)"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+PLOTS = {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer, "dcp": plot_dcp, "v4": plot_v4}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -45,3 +45,25 @@ def commit(root: str | None = None) -> str:
 def run_info(device: str, **extra) -> dict:
     """The header of a result JSON: device name, date, commit, plus any extra fields."""
     return {"device": device, "date": time.strftime("%Y-%m-%d"), "commit": commit(), **extra}
+
+
+# DeepSeek-V4 (model1_fp8): a token's record is 448 e4m3 + 64 bf16 RoPE values + 8 scale bytes; q,
+# out and V are 512 wide; a row's SWA window is 128 entries, its compressed list the kind's suffix.
+MODEL1_TOKEN_BYTES = 448 + 64 * 2 + 8
+V4_SWA_ENTRIES = 128
+V4_D = 512
+
+
+def v4_entries(kind: str) -> int:
+    """A V4 decode row's entries: 'swa' 128, 'swa+c4_512' 128 + 512, 'swa+c128_1024' 128 + 1024."""
+    return V4_SWA_ENTRIES + (int(kind.rsplit("_", 1)[1]) if "+" in kind else 0)
+
+
+def v4_flops(rows: int, heads: int, entries: int) -> int:
+    """QK (d 512) and PV (V 512) over a row's entries, for the caller's heads."""
+    return 2 * rows * heads * entries * (V4_D + V4_D)
+
+
+def v4_decode_bytes(rows: int, heads: int, entries: int) -> int:
+    """Every entry's record read once per row, bf16 q read and out written, fp32 lse written."""
+    return rows * entries * MODEL1_TOKEN_BYTES + 2 * rows * heads * V4_D * 2 + rows * heads * 4

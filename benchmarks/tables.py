@@ -1,6 +1,6 @@
 """Print the markdown table of a benchmark JSON, as benchmarks/RESULTS.md shows it.
 
-    python benchmarks/tables.py {decode,extend,indexer,dcp} RESULT.json
+    python benchmarks/tables.py {decode,extend,indexer,dcp,v4,v4-prefill} RESULT.json
 
 The shares of the roofline are the bench's (benchmarks/roofline.py: 4.3 TB/s, 790 TFLOP/s)."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.roofline import BF16_FLOP_PER_S  # noqa: E402
+from benchmarks.roofline import (BF16_FLOP_PER_S, V4_SWA_ENTRIES, roofline_us, v4_decode_bytes,  # noqa: E402
+                                 v4_entries, v4_flops)
 
 NA = "n/a"
 
@@ -84,7 +85,50 @@ def dcp_table(data: dict) -> str:
                   out)
 
 
-TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table, "dcp": dcp_table}
+def v4_kind_label(kind: str) -> str:
+    """'swa' -> 'SWA', 'swa+c4_512' -> 'SWA + C4 512'."""
+    if "+" not in kind:
+        return "SWA"
+    extra, width = kind.split("+", 1)[1].split("_")
+    return f"SWA + {extra.upper()} {width}"
+
+
+def v4_roofline(r: dict) -> float:
+    """A V4 decode row's roofline time, µs: its records, q, out and lse at 4.3 TB/s or its FLOPs at
+    790 TFLOP/s, whichever is longer (benchmarks/roofline.py)."""
+    e = v4_entries(r["kind"])
+    return roofline_us(v4_flops(r["rows"], r["heads"], e), v4_decode_bytes(r["rows"], r["heads"], e))
+
+
+def v4_table(data: dict) -> str:
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["batch"], r["heads"], v4_entries(r["kind"]), "c128" in r["kind"])):
+        roof, peer = v4_roofline(r), r.get("peer_us")
+        out.append([str(r["batch"]), str(r["heads"]), v4_kind_label(r["kind"]), _f(r["ours_us"], ".1f"),
+                    _f(peer, ".1f"), _f(r["ours_us"] / peer if peer else None, ".2f"), _pct(roof / r["ours_us"]),
+                    _pct(roof / peer if peer else None)])
+    return _table(["B", "H", "layer kind", "ours µs", "FlashMLA µs", "ratio", "ours % roofline",
+                   "FlashMLA % roofline"], out)
+
+
+def v4_prefill_table(data: dict) -> str:
+    roof = BF16_FLOP_PER_S / 1e12
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["s_q"], r["heads"])):
+        flops = v4_flops(r["s_q"], r["heads"], V4_SWA_ENTRIES + r["c4_topk"])
+        ours, attn, total = r["ours_us"], r.get("peer_attn_us"), r.get("peer_total_us")
+        t_ours = flops / ours / 1e6
+        t_attn = flops / attn / 1e6 if attn else None
+        out.append([str(r["s_q"]), str(r["heads"]), str(r["c4_topk"]), _f(ours, ".0f"),
+                    _f(r.get("peer_dequant_us"), ".0f"), _f(attn, ".0f"), _f(total, ".0f"),
+                    _f(ours / total if total else None, ".2f"), f"{t_ours:.0f} ({t_ours / roof:.0%})",
+                    NA if t_attn is None else f"{t_attn:.0f} ({t_attn / roof:.0%})"])
+    return _table(["s_q", "H", "C4 top-k", "ours µs", "peer dequant µs", "peer FlashMLA µs", "peer total µs",
+                   "ratio", "ours TFLOP/s (% roofline)", "FlashMLA attention TFLOP/s (% roofline)"], out)
+
+
+TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table, "dcp": dcp_table,
+          "v4": v4_table, "v4-prefill": v4_prefill_table}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -93,7 +137,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     with open(a.json) as f:
         data = json.load(f)
-    print(f"{data.get('device', 'unknown device')}, {data.get('date', 'undated')}, "
-          f"commit {data.get('commit', 'unknown')}")
+    info = data.get("info") or data          # the V4 benches nest the run's header under "info"
+    print(f"{info.get('device', 'unknown device')}, {info.get('date', 'undated')}, "
+          f"commit {info.get('commit', 'unknown')}")
     print()
     print(TABLES[a.kind](data))
