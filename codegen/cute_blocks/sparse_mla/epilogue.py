@@ -5,7 +5,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .barriers import BAR_TOTALS
+from .barriers import BAR_TOTALS, named_arrive, named_sync
 from .fragments import mn_view
 from .softmax import head_out_scale, quad_allreduce
 
@@ -114,9 +114,9 @@ class RowsEpilogue(StagedStore):
                 if lane % 4 == 0:
                     for r in cutlass.range_constexpr(2):
                         sRed[tOcO_mn[r, 0][0]] = total[r]
-                cute.arch.barrier_arrive(barrier_id=BAR_TOTALS, number_of_threads=self.mma_threads)
+                named_arrive(BAR_TOTALS, self.mma_threads)
             else:
-                cute.arch.barrier(barrier_id=BAR_TOTALS, number_of_threads=self.mma_threads)
+                named_sync(BAR_TOTALS, self.mma_threads)
                 for r in cutlass.range_constexpr(2):
                     total[r] = sRed[tOcO_mn[r, 0][0]]
         elif const_expr(self.warps_n > 1):

@@ -6,7 +6,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
 
-from .barriers import BAR_EMPTY, BAR_FULL
+from .barriers import BAR_EMPTY, BAR_FULL, named_arrive, named_sync
 from .kv_format import Fp8DsMlaDequant, Model1Dequant
 
 
@@ -196,13 +196,13 @@ class ProducerPipeline(Fp8RegsPipeline):
         for t in cutlass.range(n_tiles, unroll=1):
             stage = t % self.stages
             if t >= self.stages:
-                cute.arch.barrier(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
+                named_sync(BAR_EMPTY + stage, self.num_threads)
             # the last row's refill follows the hand-over, so the fence before FULL is not queued
             # behind its loads
             self.dequant_fp8_regs(sK[None, None, stage], sBias, stage, copies, regs, src, t + 1 < n_tiles, t + 2,
                                   defer_last=True)
             cute.arch.fence_view_async_shared()     # the dequantised stage is read by wgmma
-            cute.arch.barrier_arrive(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
+            named_arrive(BAR_FULL + stage, self.num_threads)
             self.refill_row(copies, regs, src, t + 1 < n_tiles, t + 2, cute.size(rIdx) - 1)
 
 

@@ -11,7 +11,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from .barriers import BAR_MMA
+from .barriers import BAR_MMA, named_sync
 from .fragments import swizzled_atom
 from .pipelines import TilePipelines
 
@@ -269,7 +269,17 @@ class AttentionKernel(TilePipelines):
     def mma_sync(self):
         """Barrier over the MMA warps: every thread, unless a producer warpgroup runs apart."""
         if const_expr(self.producer):
-            cute.arch.barrier(barrier_id=BAR_MMA, number_of_threads=self.mma_threads)
+            named_sync(BAR_MMA, self.mma_threads)
+        else:
+            self.cta_sync()
+
+    @cute.jit
+    def cta_sync(self):
+        """Barrier over every thread. Where the warpgroups run role code of their own
+        (s_one_warpgroup) they meet there from different instructions: the unaligned form
+        (barriers.py)."""
+        if const_expr(self.s_one_warpgroup):
+            named_sync(0, self.num_threads)
         else:
             cute.arch.sync_threads()
 

@@ -70,7 +70,7 @@ class WarpMma:
             if lane % 4 == 0:
                 for r in cutlass.range_constexpr(2):
                     sRed[wn * self.head_block + tScS_mn[r, 0][0]] = tile_max[r]
-            cute.arch.sync_threads()
+            self.cta_sync()
             for r in cutlass.range_constexpr(2):
                 for w in cutlass.range_constexpr(self.warps_n):
                     tile_max[r] = cute.arch.fmax(tile_max[r], sRed[w * self.head_block + tScS_mn[r, 0][0]])
@@ -95,7 +95,7 @@ class WarpMma:
                 sP[tScS_mn[r, c][0], wn * self.tokens_per_warp + tScS_mn[r, c][1]] = (
                     acc_S_mn[r, c].to(BFloat16)
                 )
-        cute.arch.sync_threads()
+        self.cta_sync()
 
         # ---- O += P V over all tile tokens, this warp's 512 / WARPS_N value columns -------
         sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))

@@ -7,7 +7,7 @@ from cutlass import Float32, const_expr
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
-from .barriers import BAR_MAX
+from .barriers import BAR_MAX, named_arrive, named_sync
 from .fragments import mn_view
 from .softmax import max_step, quad_allreduce
 
@@ -104,7 +104,7 @@ class Wgmma64Heads:
             if lane % 4 == 0:
                 for r in cutlass.range_constexpr(2):
                     sMax[stage * self.head_block + tScS_mn[r, 0][0]] = new_max[r]
-            cute.arch.barrier_arrive(barrier_id=BAR_MAX, number_of_threads=self.mma_threads)
+            named_arrive(BAR_MAX, self.mma_threads)
         corrs = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             max_scaled, corr = max_step(row_max[r], new_max[r], sm_scale_log2)
@@ -182,7 +182,7 @@ class Wgmma64Heads:
         columns (same operations on the same values as warpgroup 0, so both agree bit for bit),
         then wait for P (the barrier that ends softmax_tile_wg). Its row sums stay 0: the
         epilogue adds warpgroup 0's."""
-        cute.arch.barrier(barrier_id=BAR_MAX, number_of_threads=self.mma_threads)
+        named_sync(BAR_MAX, self.mma_threads)
         tOcO_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.head_block, self.dims_per_warp))))
         acc_O_mn = mn_view(acc_O[0])
         for r in cutlass.range_constexpr(2):

@@ -86,7 +86,7 @@ class WgmmaHeadsAsN(StagedStore):
             if lane < 4:
                 for c in cutlass.range_constexpr(n_heads):
                     sRed[warp_m * self.head_block + tScS_mn[0, c][1]] = tile_max[c]
-        cute.arch.sync_threads()
+        self.cta_sync()
         for c in cutlass.range_constexpr(n_heads):
             for w in cutlass.range_constexpr(self.warps_m):
                 tile_max[c] = cute.arch.fmax(tile_max[c], sRed[w * self.head_block + tScS_mn[0, c][1]])
@@ -109,7 +109,7 @@ class WgmmaHeadsAsN(StagedStore):
                 for c in cutlass.range_constexpr(n_heads):
                     sP[tScS_mn[r, c][1], tScS_mn[r, c][0]] = acc_S_mn[r, c].to(self.mma_dtype)
         cute.arch.fence_view_async_shared()     # P (st.shared) is read by wgmma
-        cute.arch.sync_threads()
+        self.cta_sync()
 
         # ---- O^T += V^T P^T over the tile's tokens, this warpgroup's value dims -------------
         sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))
@@ -133,12 +133,12 @@ class WgmmaHeadsAsN(StagedStore):
         total = cute.make_rmem_tensor((n_heads,), Float32)
         for c in cutlass.range_constexpr(n_heads):
             total[c] = lanes_allreduce(row_sum[c], False)
-        cute.arch.sync_threads()      # sRed may still hold the last tile's maxima
+        self.cta_sync()      # sRed may still hold the last tile's maxima
         if wn == 0:
             if lane < 4:
                 for c in cutlass.range_constexpr(n_heads):
                     sRed[warp_m * self.head_block + tOcO_mn[0, c][1]] = total[c]
-        cute.arch.sync_threads()
+        self.cta_sync()
         for c in cutlass.range_constexpr(n_heads):
             acc = Float32(0.0)
             for w in cutlass.range_constexpr(self.warps_m):

@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import const_expr
 
-from .barriers import BAR_EMPTY, BAR_FULL
+from .barriers import BAR_EMPTY, BAR_FULL, named_arrive, named_sync
 
 
 class TilePipelines:
@@ -43,14 +43,14 @@ class TilePipelines:
         # docs/notes/decode-pipeline.md.)
         for t in cutlass.range(n_tiles, unroll=1):
             stage = t % self.stages
-            cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=self.num_threads)
+            named_sync(BAR_FULL + stage, self.num_threads)
             acc_S = None
             if const_expr(role == 0):
                 acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
             self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
                               stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
             if t + self.stages < n_tiles:            # the producer fills tile t + STAGES there
-                cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=self.num_threads)
+                named_arrive(BAR_EMPTY + stage, self.num_threads)
 
     @cute.jit
     def run_tiles_fp8_regs(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
@@ -73,11 +73,11 @@ class TilePipelines:
         # one K stage (two CTAs per SM): dequantise tile t, each row's registers reloaded with
         # t+1's record as soon as the row is stored, so they travel while tile t is multiplied
         for t in cutlass.range(n_tiles, unroll=1):
-            cute.arch.sync_threads()            # everyone's PV of tile t-1 has read the stage
+            self.cta_sync()            # everyone's PV of tile t-1 has read the stage
             self.dequant_fp8_regs(sK[None, None, 0], sBias, 0, (tKcK, nope_thr_copy, gmem_thr_copy), regs,
                                   (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots), t + 1 < n_tiles, t + 2)
             cute.arch.fence_view_async_shared()
-            cute.arch.sync_threads()
+            self.cta_sync()
             acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
             self.compute_tile_wg(
                 thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
@@ -111,11 +111,11 @@ class TilePipelines:
             cute.arch.cp_async_wait_group(self.raw_stages - 1)
             if const_expr(self.wgmma):
                 cute.arch.fence_view_async_shared()     # Q (cp.async) is read by wgmma
-            cute.arch.sync_threads()
+            self.cta_sync()
             self.dequant_fp8_tile(raw_base, sK[None, None, 0], sBias, slot, tKcK, nope_thr_copy, gmem_thr_copy)
             if const_expr(self.wgmma):
                 cute.arch.fence_view_async_shared()     # dequantised K (st.shared) is read by wgmma
-            cute.arch.sync_threads()
+            self.cta_sync()
             if const_expr(self.wgmma):
                 # S = Q K^T runs on the tensor cores while this thread issues the next raw tile
                 acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
@@ -154,7 +154,7 @@ class TilePipelines:
             # tile t (and Q) landed: publish every thread's part to wgmma
             cute.arch.cp_async_wait_group(0)
             cute.arch.fence_view_async_shared()
-            cute.arch.sync_threads()
+            self.cta_sync()
             acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
             self.compute_tile_wg(
                 thr_mma, sKs=sK[None, None, 0], sP=sP[None, None, 0], sBias=sBias, sRed=sRed, stage=0,
@@ -162,7 +162,7 @@ class TilePipelines:
                 sm_scale_log2=sm_scale_log2,
             )
             if t + 1 < n_tiles:
-                cute.arch.sync_threads()    # every PV of tile t is done reading the stage
+                self.cta_sync()    # every PV of tile t is done reading the stage
                 self.gather_bf16(mKV, sK[None, None, 0], sBias, 0, gmem_tiled_copy, gmem_thr_copy, tKcK, rIdx, n_slots)
                 cute.arch.cp_async_commit_group()
                 self.load_indices(mIdx, row, tok_begin, t + 2, tok_end, tKcK, rIdx)
@@ -186,7 +186,7 @@ class TilePipelines:
             cute.arch.cp_async_wait_group(0)
             if const_expr(self.wgmma):
                 cute.arch.fence_view_async_shared()     # Q and K (cp.async) are read by wgmma
-            cute.arch.sync_threads()
+            self.cta_sync()
             if const_expr(self.s_one_warpgroup):
                 # warpgroup 0's S of tile t runs on the tensor cores while every thread issues the
                 # gather of t + 1
