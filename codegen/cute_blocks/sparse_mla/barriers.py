@@ -4,8 +4,9 @@ The warpgroups of the two-role and producer forms are traced as separate code (o
 role), so the threads meeting at a named barrier execute different barrier instructions. PTX's
 `bar.sync` / `bar.arrive` are the `.aligned` forms, which require every participating thread to
 execute the same instruction: the hardware tolerates it, compute-sanitizer's synccheck reports it
-("Divergent thread(s) in block") and racecheck then loses the ordering it gives. `named_sync` and
-`named_arrive` are the unaligned `barrier.sync` / `barrier.arrive` (docs/notes/sanitizers.md)."""
+("Divergent thread(s) in block") and stops the launch. `named_sync` and `named_arrive` are the
+unaligned `barrier.sync` / `barrier.arrive`; they compile to the same BAR.SYNC / BAR.ARV
+(docs/notes/sanitizers.md)."""
 import cutlass.cute as cute
 from cutlass import Int32
 from cutlass._mlir.dialects import llvm

@@ -4,6 +4,11 @@
 // consumers alone stage a result in shared memory between two bar.sync 1, 256 and store it.
 //   mode 0: the producer warps exit when their last stage is handed over (as the kernels do)
 //   mode 1: the producer warps wait for the consumers at a last bar.sync 0 (nothing else differs)
+//   mode 2: as 0, but the two consumer warpgroups run the epilogue from code of their own and meet
+//           at the unaligned barrier.sync 1, 256 from different instructions (as the role forms do)
+//   mode 3: as 2 with the aligned bar.sync 1, 256 (the kernels before named_sync)
+//   mode 4: as 2, plus a per-tile hand-over from consumer warpgroup 0 to 1 on barrier 7 (arrive
+//           by 0, sync by 1: the role forms' row maxima), as the s_one_warpgroup kernels do
 // Run under `compute-sanitizer --tool racecheck` and `--tool synccheck`; the result is checked
 // against the host's sum either way (docs/notes/sanitizers.md).
 #include <cstdio>
@@ -33,7 +38,29 @@ __global__ void pattern(float* out, int tiles, int mode) {
     int s = i % STAGES;
     bar_sync(2 + s, THREADS);
     for (int j = t; j < N; j += CONSUMERS) acc += buf[s][j];
+    if (mode == 4) {
+      if (t < 128) bar_arrive(7, CONSUMERS);
+      else bar_sync(7, CONSUMERS);
+    }
     if (i + STAGES < tiles) bar_arrive(4 + s, THREADS);
+  }
+  if (mode >= 2) {                                          // one epilogue copy per warpgroup
+    if (t < 128) {
+      if (mode == 2 || mode == 4) asm volatile("barrier.sync 1, 256;" ::: "memory");
+      else asm volatile("bar.sync 1, 256;" ::: "memory");
+      buf[0][t] = acc;
+      if (mode == 2 || mode == 4) asm volatile("barrier.sync 1, 256;" ::: "memory");
+      else asm volatile("bar.sync 1, 256;" ::: "memory");
+      out[blockIdx.x * CONSUMERS + t] = buf[0][(t + 37) % CONSUMERS];   // t >= 91 reads warpgroup 1's
+    } else {
+      if (mode == 2 || mode == 4) asm volatile("barrier.sync %0, %1;" ::"r"(1), "r"(CONSUMERS) : "memory");
+      else asm volatile("bar.sync %0, %1;" ::"r"(1), "r"(CONSUMERS) : "memory");
+      buf[0][t] = acc;
+      if (mode == 2 || mode == 4) asm volatile("barrier.sync %0, %1;" ::"r"(1), "r"(CONSUMERS) : "memory");
+      else asm volatile("bar.sync %0, %1;" ::"r"(1), "r"(CONSUMERS) : "memory");
+      out[blockIdx.x * CONSUMERS + t] = buf[0][(t + 37) % CONSUMERS];
+    }
+    return;
   }
   bar_sync(1, CONSUMERS);                                   // every consumer is done with the stages
   buf[0][t] = acc;                                          // the staged epilogue
