@@ -163,6 +163,7 @@ class SparseMLASpec(KernelSpec):
     def template_context(self) -> dict:
         from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
 
+        tile = self.tiling()
         return {
             "combine_few_splits": COMBINE_FEW_SPLITS,
             "max_splits": min((self.topk + self.extra_topk) // 64, MAX_SPLITS),
@@ -179,8 +180,35 @@ class SparseMLASpec(KernelSpec):
             "d_v": self.v_head_dim,
             "page_size": self.page_size,
             "extra_page_size": self.extra_page_size,
-            "tile": self.tiling(),
+            "tile": tile,
+            **self.blocks(tile),
         }
+
+    def blocks(self, tile: dict) -> dict:
+        """The building blocks the module composes, (module, class) each: the KV format's gather
+        for the tiling's form, the MMA form, and the kernel base (two index lists or one)."""
+        model1, two = self.kv_format == "model1_fp8", bool(self.extra_page_size)
+        if tile["producer"]:
+            gather = ("two_lists", "Model1TwoListsProducer") if two else (
+                "gather", "Model1Producer" if model1 else "Fp8Producer")
+        elif tile["fp8_regs"]:
+            gather = ("two_lists", "Model1TwoListsGather") if two else (
+                "gather", "Model1RegsGather" if model1 else "Fp8RegsGather")
+        elif model1:
+            gather = ("two_lists", "Model1TwoListsRaw") if two else ("gather_raw", "Model1RawGather")
+        elif self.kv_format == "fp8_ds_mla":
+            gather = ("gather_raw", "Fp8RawGather")
+        else:
+            gather = ("gather", "Bf16Gather")
+        if not tile["wgmma"]:
+            mma = ("mma_warp", "WarpMma")
+        elif tile["heads_as_n"]:
+            mma = ("mma_wgmma_heads_n", "WgmmaHeadsAsN")
+        else:
+            mma = ("mma_wgmma", "Wgmma64Heads")
+        base = ("TwoLists" if two else "") + ("ExtendKernel" if self.mode == "extend" else "SplitKernel")
+        return {"gather_module": gather[0], "gather_block": gather[1], "mma_module": mma[0], "mma_block": mma[1],
+                "kernel_module": "two_lists" if two else "kernel", "kernel_base": base}
 
 
 @register_family
