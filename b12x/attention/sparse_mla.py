@@ -100,6 +100,8 @@ class SparseMLAPlan(Plan):
     ctas_per_sm: int = 1
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
+    # decode: the splits of the plan's widest row at 1 .. max_rows rows (what the scratch holds)
+    widest_splits: tuple[int, ...] = ()
 
     @property
     def head_blocks(self) -> int:
@@ -124,8 +126,7 @@ class SparseMLAPlan(Plan):
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
         s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
-        cap = split_plan(rows, self.caps.topk + self.caps.extra_topk, self.num_sms, self.head_blocks,
-                         self.ctas_per_sm)[0]
+        cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
             tps = -(-tiles // cap) * PAGE
@@ -165,11 +166,13 @@ def plan(caps: Caps) -> SparseMLAPlan:
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
+    widest_splits = ()
     if caps.mode == "decode":
         # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
-        partial_rows = max(r * split_plan(r, width, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
+        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
+        partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
         # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
         layout = [("partial_o", torch.float16, partial_rows * h * d_v),
@@ -177,7 +180,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
     else:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
-                         ctas_per_sm=ctas_per_sm, whole_row=whole_row)
+                         ctas_per_sm=ctas_per_sm, whole_row=whole_row,
+                         widest_splits=widest_splits)
 
 
 @dataclass(frozen=True)

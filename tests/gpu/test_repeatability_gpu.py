@@ -36,8 +36,8 @@ def replay_and_compare(launch, outs, side_work) -> tuple[int, list]:
                 side_work()
         graph.replay()
         for t, f in zip(outs, first):
-            bad += (t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32) !=
-                    f.view(torch.int16 if f.dtype == torch.bfloat16 else torch.int32)).any().int()
+            bits = torch.int16 if t.dtype == torch.bfloat16 else torch.int32    # NaN != NaN: compare bits
+            bad += (t.view(bits) != f.view(bits)).any().int()
     torch.cuda.synchronize()
     return int(bad.item()), first
 
