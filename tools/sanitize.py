@@ -1,14 +1,19 @@
 """A small call of every kernel family and form, for compute-sanitizer (tools/sanitize.sh runs it
 under memcheck, initcheck, racecheck and synccheck).
 
-    python tools/sanitize.py [--only sparse_mla,model1,bundles] [--heads 8,16,32,64,128]
+    python tools/sanitize.py [--only sparse_mla,model1,bundles[,control]] [--heads 8,16,32,64,128]
+                             [--bundles deepseek-v3.2-tp8,indexer-compressed]
+
+(initcheck is slow, about half a minute a call: split the run over processes by --only, --heads
+and --bundles, each under its own OUT; one GPU runs them side by side.)
 
 sparse_mla: decode (a one-row call of many splits, so the many-split combine; a three-row call of
 few) and extend, every head count, fp8_ds_mla and bf16, on random caches with -1 entries.
 model1: DeepSeek-V4 pages, main list + C4 extra list, decode and extend, every head count.
 bundles: prewarm_preset of the V3.2 bundle (indexer paged / row-pair / contiguous logits, top-k
 with and without scores, the fused path, DCP conversion, merge and owner filter) and of the
-compressed-indexer preset (c = 4, 128), at up to 4 rows. Each call is synchronised and checked
+compressed-indexer preset (c = 4, 128), at up to 4 rows. control (not in the default run): a decode
+on a q that was never written, which initcheck must report (that the tool sees our kernels). Each call is synchronised and checked
 for NaN, so a fault names the call that made it (printed before it runs)."""
 from __future__ import annotations
 
@@ -86,18 +91,37 @@ def model1_calls(heads: tuple[int, ...]) -> None:
                 _run(p, scratch, q, idx, lens, main, dict(extra_indices=xidx, extra_lengths=xlens), extra)
 
 
-def bundle_calls() -> None:
+BUNDLES = ("deepseek-v3.2-tp8", "indexer-compressed")
+
+
+def bundle_calls(names: tuple[str, ...]) -> None:
     from b12x.prewarm import prewarm_preset
-    for name in ("deepseek-v3.2-tp8", "indexer-compressed"):
+    for name in names:
         _step(f"prewarm_preset {name} (indexer, top-k, fused, DCP) max_rows 4")
         prewarm_preset(name, max_rows=4, max_width=8192)
         torch.cuda.synchronize()
+
+
+def control_call() -> None:
+    """The negative control: a decode whose q was never written (torch.empty). initcheck must
+    report its reads (tools/sanitize.sh expects it to); the other tools have nothing to say."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    kv = quantize_fp8_ds_mla(torch.randn(16, 64, 576, device="cuda", generator=g))
+    p = sm.plan(sm.Caps(num_heads=16, topk=2048, kv_format="fp8_ds_mla", max_rows=4))
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    _step("control: sparse_mla fp8_ds_mla h16 decode, q never written (initcheck must report it)")
+    q = torch.empty(1, 16, 576, dtype=torch.bfloat16, device="cuda")
+    idx, lens = _indices(1, 512, 16 * 64, g)
+    out = torch.empty(1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    sm.run_decode(p.bind(scratch, q=q, indices=idx, lengths=lens, out=out), kv_cache=kv, sm_scale=0.05)
+    torch.cuda.synchronize()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="sparse_mla,model1,bundles")
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
+    ap.add_argument("--bundles", default=",".join(BUNDLES), help="presets the bundles part prewarms")
     args = ap.parse_args()
     heads = tuple(int(h) for h in args.heads.split(","))
     parts = args.only.split(",")
@@ -106,7 +130,9 @@ def main() -> int:
     if "model1" in parts:
         model1_calls(heads)
     if "bundles" in parts:
-        bundle_calls()
+        bundle_calls(tuple(args.bundles.split(",")))
+    if "control" in parts:
+        control_call()
     print("sanitize: all calls ran", flush=True)
     return 0
 
