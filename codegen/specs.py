@@ -191,8 +191,6 @@ class SparseMLASpec(KernelSpec):
         if tile["producer"]:
             gather = ("two_lists", "Model1TwoListsProducer") if two else (
                 "gather", "Model1Producer" if model1 else "Fp8Producer")
-        elif tile.get("s_regs"):
-            gather = ("gather_rs", "Fp8RsGather")
         elif tile["fp8_regs"]:
             gather = ("two_lists", "Model1TwoListsGather") if two else (
                 "gather", "Model1RegsGather" if model1 else "Fp8RegsGather")

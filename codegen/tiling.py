@@ -36,9 +36,6 @@ HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (
 # 64-head producer block (its raw shared-memory form is not built for model1 pages).
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
-# sm_90a fp8_ds_mla head blocks (heads as N, register form) whose S^T takes K from registers
-# (cute_blocks/sparse_mla/gather_rs.py): only V goes through shared memory.
-S_REGS_HEADS = {8}
 
 
 def _align(n: int, a: int) -> int:
@@ -85,8 +82,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  value dims of O^T.
     fp8_regs:    fp8 at 16 heads as N, and the producer form: records go global -> registers,
                  fp16 MMA operands.
-    s_regs:      fp8_regs at the S_REGS_HEADS head blocks: the registers are S^T's A operand
-                 (wgmma with A from registers), and only V is stored to the K stage.
     producer:    sm_90a, fp8, 64-head blocks (decode and extend): a producer warpgroup loads
                  records into registers and dequantises them (fp16) into two K stages, while
                  the warps_m x warps_n MMA warps run S, the softmax and O; P lives in each
@@ -154,7 +149,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
-    s_regs = fp8_regs and heads_as_n and kv_format == "fp8_ds_mla" and head_block in S_REGS_HEADS
     # (V4: V covers the RoPE block, so the producer form keeps one P per stage beside the stages)
     p_in_rope = (heads_as_n and not fp8 and stages == 1) or (producer and not v_in_rope)
     p_stages = stages if producer and not p_in_rope else 1
@@ -183,7 +177,6 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,
         "fp8_regs": fp8_regs,
-        "s_regs": s_regs,
         "p_in_rope": p_in_rope,
         "p_stages": p_stages,
         "producer": producer,

@@ -217,8 +217,6 @@ class AttentionKernel(TilePipelines):
         state = (cta, smem, rows, gather, (tiled_mma_s, tiled_mma, thr_mma), (acc_O, row_max, row_sum, sm_scale_log2))
         if const_expr(self.producer):
             self.run_tiles_producer(*state, role=role)
-        elif const_expr(self.s_regs):
-            self.run_tiles_fp8_rs(*state)
         elif const_expr(self.fp8_regs):
             self.run_tiles_fp8_regs(*state)
         elif const_expr(self.fp8):

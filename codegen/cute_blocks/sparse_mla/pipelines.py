@@ -86,35 +86,6 @@ class TilePipelines:
             )
 
     @cute.jit
-    def run_tiles_fp8_rs(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
-        """fp8 records as the register A of S^T (8 heads as N; gather_rs.Fp8RsGather): one K
-        stage holds V for O^T; tile t+1's records travel into the registers of tile t as each
-        chunk of them is converted."""
-        tidx, row, wn, lane, _ = cta
-        storage, sQ_layout, sQ, sK, sP, sBias, sRed, _, _ = smem
-        mKV, mIdx, tok_begin, tok_end, n_tiles = rows
-        rIdx, n_slots = gather[4], gather[5]
-        thr_mma = mma[2]
-        acc_O, row_max, row_sum, sm_scale_log2 = acc
-
-        # ---- prologue: tile 0's records in registers, rIdx on tile 1; Q permuted to fp16 ------
-        regs = self.make_rs_regs()
-        self.load_rs_tile(mKV, rIdx, n_slots, regs)
-        self.load_indices(mIdx, row, tok_begin, 1, tok_end, None, rIdx)
-        sQ = self.permute_q(storage, sQ_layout, sQ, tidx)
-        src = (mKV, rIdx, mIdx, row, tok_begin, tok_end, n_slots)
-        for t in cutlass.range(n_tiles, unroll=1):
-            self.cta_sync()            # everyone's P V of tile t-1 has read the stage (and P)
-            acc_S = self.rs_tile(sQ, sK[None, None, 0], sBias, regs, src, t + 1 < n_tiles, t + 2, tidx % 128)
-            cute.arch.fence_view_async_shared()     # V (st.shared) is read by wgmma
-            self.cta_sync()
-            self.compute_tile_wg(
-                thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
-                wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
-                sm_scale_log2=sm_scale_log2,
-            )
-
-    @cute.jit
     def run_tiles_fp8_raw(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
         """fp8 records cp.async'd raw into RAW_STAGES shared-memory slots, each tile dequantised
         into the one K tile right before its MMAs."""
