@@ -22,6 +22,7 @@ log = logging.getLogger("b12x")
 _lock = threading.RLock()
 _loaded: dict[KernelSpec, "LoadedKernels"] = {}
 _frozen = False
+_frozen_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,18 @@ class LoadedKernels:
         return self.functions[name]
 
 
-def freeze() -> None:
-    """From now on, resolve() serves only kernels already loaded."""
-    global _frozen
+def freeze(*, reason: str | None = None) -> None:
+    """From now on, resolve() serves only kernels already loaded; `reason` is named in the error
+    a missing kernel raises."""
+    global _frozen, _frozen_reason
     with _lock:
-        _frozen = True
+        _frozen, _frozen_reason = True, reason
 
 
 def unfreeze() -> None:
-    global _frozen
+    global _frozen, _frozen_reason
     with _lock:
-        _frozen = False
+        _frozen, _frozen_reason = False, None
 
 
 def is_frozen() -> bool:
@@ -85,7 +87,8 @@ def resolve(spec: KernelSpec, cache: ArtifactCache | None = None) -> LoadedKerne
         cache = cache or ArtifactCache()
         if _frozen:
             raise KernelResolutionFrozenError(
-                f"kernel {spec.name} is not loaded and b12x is frozen; prewarm it before freeze() "
+                f"kernel {spec.name} is not loaded and b12x is frozen"
+                f"{f' ({_frozen_reason})' if _frozen_reason else ''}; prewarm it before freeze() "
                 f"({_cache_state(spec, cache)}). Missing spec: {spec.canonical_json()}")
         key = artifact_key(spec)
         cache.ensure_root()

@@ -29,6 +29,7 @@ README_SECTIONS = {
     "v4": "DeepSeek-V4 sparse attention",
     "indexer": "Lightning indexer",
     "dcp": "DCP global top-k",
+    "upstream": "Using b12x from the vLLM B12X backend",
 }
 
 

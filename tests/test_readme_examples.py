@@ -22,6 +22,12 @@ REQUIRED = {
                 "b12x.indexer.IndexerPlan.bind", "b12x.indexer.run_index_topk", "b12x.prewarm.prewarm"},
     "dcp": {"b12x.dcp.allocate_topk_buffers", "b12x.dcp.DcpCaps", "b12x.dcp.plan", "b12x.dcp.DcpPlan.scratch_bytes",
             "b12x.prewarm.prewarm", "b12x.dcp.DcpPlan.bind", "b12x.dcp.run_merge", "b12x.dcp.filter_local"},
+    "upstream": {"b12x.integration.sparse_mla_scratch.B12XSparseMLAScratchCaps",
+                 "b12x.integration.sparse_mla_scratch.plan_sparse_mla_scratch",
+                 "b12x.integration.sparse_mla_scratch.B12XSparseMLAScratchPlan.bind",
+                 "b12x.integration.mla.sparse_mla_decode_forward",
+                 "b12x.attention.indexer.B12XIndexerScratchCaps", "b12x.attention.indexer.plan_indexer_scratch",
+                 "b12x.attention.indexer.B12XIndexerScratchPlan.bind", "b12x.attention.indexer.index_topk_fp8"},
 }
 # What the README says the adapter's docstring shows.
 ADAPTER = "b12x.integration.vllm"

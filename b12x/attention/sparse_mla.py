@@ -60,6 +60,10 @@ class Caps:
     # same softmax (bind's extra_indices / extra_lengths, run's extra_kv_cache). 0: none.
     extra_topk: int = 0           # the widest extra row (C4: 512 or 1024; C128: up to 8192)
     extra_page_size: int = 0      # its cache's page (C4: 64, C128: 2)
+    # decode: 0, the split planner chooses every call's splits; N > 0, the scratch also holds the
+    # partials of up to N splits per row at every row count, so bind(num_splits=...) can force a
+    # count up to N (an engine's own graph-stable split policy)
+    max_splits: int = 0
 
     def spec(self, arch: str) -> SparseMLASpec:
         return SparseMLASpec(q_head_dim=self.q_head_dim, kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
@@ -136,7 +140,7 @@ class SparseMLAPlan(Plan):
     def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
              num_rows: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
-             extra_lengths: torch.Tensor | None = None) -> "Binding":
+             extra_lengths: torch.Tensor | None = None, num_splits: int | None = None) -> "Binding":
         """Check the per-call tensors and carve views of the caller's scratch. Never allocates.
 
         out [rows, H, 512] bf16 and lse [rows, H] fp32 are optional; when omitted they are views of
@@ -147,8 +151,11 @@ class SparseMLAPlan(Plan):
         device (bind itself only makes views, so its checks also run on CPU tensors).
         Plans with an extra list (Caps.extra_topk) take extra_indices [rows, width_x] int32 (a
         multiple of 64 up to extra_topk) and extra_lengths [rows] int32: one softmax runs over the
-        main entries and the extra ones."""
-        return _bind(self, scratch, q, indices, lengths, out, lse, num_rows, extra_indices, extra_lengths)
+        main entries and the extra ones.
+        Decode only: num_splits forces the splits of every row (at most Caps.max_splits, and at
+        most one per 64-entry tile); None: the split planner's choice, itself a function of the
+        rows and the width only, so a captured graph replays the same plan."""
+        return _bind(self, scratch, q, indices, lengths, out, lse, num_rows, extra_indices, extra_lengths, num_splits)
 
 
 def plan(caps: Caps) -> SparseMLAPlan:
@@ -173,11 +180,18 @@ def plan(caps: Caps) -> SparseMLAPlan:
         width = caps.topk + caps.extra_topk
         widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
+        require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
+                f"Caps.max_splits: expected an int in [0, {MAX_SPLITS}] (0: the planner's splits), "
+                f"got {caps.max_splits!r}")
+        if caps.max_splits:
+            partial_rows = max(partial_rows, rows * min(caps.max_splits, max(1, width // PAGE)))
         # fp16 partial o: half the bytes every split CTA writes and the combine reads (the
         # epilogue's stores were a fixed cost of every decode call), 11-bit mantissa
         layout = [("partial_o", torch.float16, partial_rows * h * d_v),
                   ("partial_lse", torch.float32, partial_rows * h)] + layout
     else:
+        require(caps.max_splits == 0, f"Caps.max_splits: expected 0 for an extend plan (one CTA per row), "
+                                      f"got {caps.max_splits!r}")
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
                          ctas_per_sm=ctas_per_sm, whole_row=whole_row,
@@ -208,7 +222,8 @@ class Binding:
 
 def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
           out: torch.Tensor | None, lse: torch.Tensor | None, num_rows: torch.Tensor | None,
-          extra_indices: torch.Tensor | None = None, extra_lengths: torch.Tensor | None = None) -> Binding:
+          extra_indices: torch.Tensor | None = None, extra_lengths: torch.Tensor | None = None,
+          num_splits: int | None = None) -> Binding:
     """SparseMLAPlan.bind."""
     caps = plan.caps
     h, d_v = caps.num_heads, caps.v_head_dim
@@ -254,7 +269,15 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
         check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
         return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own, **extra)
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
-    splits, tps = plan.splits(rows, width)
+    if num_splits is None:
+        splits, tps = plan.splits(rows, width)
+    else:
+        require(isinstance(num_splits, int) and 1 <= num_splits <= caps.max_splits,
+                f"num_splits: expected an int in [1, Caps.max_splits={caps.max_splits}] (plan with "
+                f"Caps(max_splits=N) to force split counts), got {num_splits!r}")
+        tiles = max(1, width // PAGE)
+        tps = -(-tiles // min(num_splits, tiles)) * PAGE
+        splits = -(-tiles * PAGE // tps)
     return Binding(plan, q, indices, lengths, out, lse,
                    _scratch.view(scratch, plan.regions["partial_o"], (rows, splits, h, d_v)),
                    _scratch.view(scratch, plan.regions["partial_lse"], (rows, splits, h)), tps, **extra)

@@ -132,3 +132,31 @@ def test_v4_block_as_written():
                                      main_page=256, extra_kv=c128, extra_indices=prelude["extra_indices"],
                                      extra_lengths=prelude["extra_lengths"], extra_page=2, attn_sink=prelude["attn_sink"])
     torch.testing.assert_close(ns["out"].float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+
+
+def test_upstream_block_as_written():
+    """The README's vLLM B12X backend block: sparse MLA decode with the backend's forced splits and
+    natural lse, then the indexer's paged decode, against the references."""
+    rows, pages = 4, 32
+    case = random_case(rows, 16, 2048, "fp8_ds_mla", seed=31)
+    g = torch.Generator(device="cuda").manual_seed(32)
+    k_pages = quantize_k_pages(torch.randn(rows * pages + 3, 64, 128, device="cuda", generator=g))
+    bt = torch.randperm(rows * pages + 3, device="cuda", generator=g)[: rows * pages].view(rows, pages).int()
+    seq = torch.tensor([2048, 1000, 300, 2048], dtype=torch.int32, device="cuda")
+    q_fp8 = quantize_q(torch.randn(rows, INDEX_HEADS, 128, device="cuda", generator=g) * 4)
+    w = torch.randn(rows, INDEX_HEADS, device="cuda", generator=g)
+    prelude = dict(torch=torch, q_all=case.q, page_table_1=case.indices, seq_lens=seq,
+                   valid_counts=case.lengths, kv_c_and_k_pe_cache=case.kv, scale=case.sm_scale, rows=rows,
+                   pages=pages, block_table=bt, active_width=torch.tensor([2048], dtype=torch.int32, device="cuda"),
+                   q_fp8=q_fp8, weights=w, index_k_pages=k_pages,
+                   topk_indices=torch.full((rows, 2048), -7, dtype=torch.int32, device="cuda"),
+                   topk_scores=torch.full((rows, 2048), float("nan"), device="cuda"))
+    ns = run_readme_block("upstream", prelude)
+    check(case, ns["out"], ns["lse"])
+    logits = indexer_logits_paged_reference(q_fp8, w, k_pages, bt, seq, pages * 64)
+    idx, scores = prelude["topk_indices"], prelude["topk_scores"]
+    for r in range(rows):
+        n = min(2048, int(seq[r]))
+        got = idx[r, :n].long()
+        assert torch.all(got >= 0) and got.unique().numel() == n and torch.all(idx[r, n:] == -1)
+        torch.testing.assert_close(scores[r, :n], logits[r][got], rtol=1e-3, atol=5e-3 * logits[r, :n].abs().max().item())
