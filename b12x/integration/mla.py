@@ -20,7 +20,6 @@ from typing import Literal
 import torch
 
 from ..attention import sparse_mla as _sm
-from ..errors import InputError
 from ..validate import check_tensor, require
 from .sparse_mla_scratch import (B12XSparseMLABinding, B12XSparseMLAScratchCaps, B12XSparseMLAScratchPlan,
                                  plan_sparse_mla_scratch)

@@ -24,8 +24,8 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from ..attention import sparse_mla as _sm
-from ..errors import InputError
 from ..validate import check_tensor, require
+from .upstream_scratch import one_scratch
 from .. import scratch as _scratch
 
 NATIVE_HEADS = (8, 16, 32, 64, 128)
@@ -128,7 +128,7 @@ class B12XSparseMLAScratchPlan:
         selected_indices, -1 after it); above the width it counts as the width.
         cache_seqlens_int32 is checked, not read (as upstream)."""
         caps = self.caps
-        scratch = _one_scratch(scratch)
+        scratch = one_scratch(scratch, SCRATCH_KEY)
         check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=caps.device)
         require(scratch.numel() >= self.layout.nbytes,
                 f"scratch: expected at least layout.nbytes={self.layout.nbytes} bytes, got {scratch.numel()}")
@@ -166,19 +166,6 @@ class B12XSparseMLAScratchPlan:
                                     cache_seqlens_int32=cache_seqlens_int32,
                                     nsa_cache_seqlens_int32=nsa_cache_seqlens_int32, plan=self, inner=inner,
                                     out=out, lse=lse)
-
-
-def _one_scratch(scratch) -> torch.Tensor:
-    """Upstream takes one tensor, a mapping keyed "sparse_mla.scratch", or a 1-element sequence."""
-    if isinstance(scratch, torch.Tensor):
-        return scratch.reshape(-1) if scratch.is_contiguous() else scratch
-    if isinstance(scratch, Mapping):
-        require(SCRATCH_KEY in scratch, f"scratch: expected a tensor under {SCRATCH_KEY!r}, got keys {list(scratch)}")
-        return _one_scratch(scratch[SCRATCH_KEY])
-    if isinstance(scratch, Sequence) and len(scratch) == 1:
-        return _one_scratch(scratch[0])
-    raise InputError(f"scratch: expected a uint8 tensor, a mapping with {SCRATCH_KEY!r} or a 1-element sequence, "
-                     f"got {type(scratch).__name__}")
 
 
 def plan_sparse_mla_scratch(caps: B12XSparseMLAScratchCaps) -> B12XSparseMLAScratchPlan:

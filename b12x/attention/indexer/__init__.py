@@ -17,13 +17,13 @@ logits buffer in its scratch (upstream streams supertiles).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
 from ... import indexer as _ix
-from ...errors import InputError
+from ...integration.upstream_scratch import one_scratch
 from ...validate import check_tensor, require
 
 PAGED_INDEX_PAGE_SIZE = 64
@@ -130,7 +130,7 @@ class B12XIndexerScratchPlan:
         nothing yet (index_topk_fp8 binds the run). schedule_metadata is checked and not read:
         these kernels need no schedule (uses_paged_mqa_schedule says False)."""
         caps = self.caps
-        scratch = _one_scratch(scratch)
+        scratch = one_scratch(scratch, SCRATCH_KEY)
         check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=caps.device)
         require(scratch.numel() >= self.layout.nbytes,
                 f"scratch: expected at least layout.nbytes={self.layout.nbytes} bytes, got {scratch.numel()}")
@@ -169,20 +169,6 @@ class B12XIndexerScratchPlan:
                                        cache_seqlens_int32=cache_seqlens_int32, active_width=active_width,
                                        schedule_metadata=schedule_metadata, expected_num_q_heads=expected_num_q_heads,
                                        shared_page_table=shared, route=self.route, plan=self, block_table=table)
-
-
-def _one_scratch(scratch) -> torch.Tensor:
-    """One tensor, a mapping keyed "paged_indexer.scratch", or a 1-element sequence (what the
-    workspace manager's get_simultaneous returns)."""
-    if isinstance(scratch, torch.Tensor):
-        return scratch.reshape(-1) if scratch.is_contiguous() else scratch
-    if isinstance(scratch, Mapping):
-        require(SCRATCH_KEY in scratch, f"scratch: expected a tensor under {SCRATCH_KEY!r}, got keys {list(scratch)}")
-        return _one_scratch(scratch[SCRATCH_KEY])
-    if isinstance(scratch, Sequence) and len(scratch) == 1:
-        return _one_scratch(scratch[0])
-    raise InputError(f"scratch: expected a uint8 tensor, a mapping with {SCRATCH_KEY!r} or a 1-element sequence, "
-                     f"got {type(scratch).__name__}")
 
 
 def plan_indexer_scratch(caps: B12XIndexerScratchCaps) -> B12XIndexerScratchPlan:

@@ -1,0 +1,24 @@
+"""What the upstream-named layers share (sparse_mla_scratch, b12x.attention.indexer): the scratch
+argument as upstream b12x takes it."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..validate import require
+
+
+def one_scratch(scratch, key: str) -> torch.Tensor:
+    """One tensor, a mapping keyed `key`, or a 1-element sequence (what a workspace manager's
+    get_simultaneous returns): the uint8 buffer, flattened when contiguous."""
+    if isinstance(scratch, torch.Tensor):
+        return scratch.reshape(-1) if scratch.is_contiguous() else scratch
+    if isinstance(scratch, Mapping):
+        require(key in scratch, f"scratch: expected a tensor under {key!r}, got keys {list(scratch)}")
+        return one_scratch(scratch[key], key)
+    if isinstance(scratch, Sequence) and len(scratch) == 1:
+        return one_scratch(scratch[0], key)
+    raise InputError(f"scratch: expected a uint8 tensor, a mapping with {key!r} or a 1-element sequence, "
+                     f"got {type(scratch).__name__}")
