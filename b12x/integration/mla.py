@@ -93,12 +93,10 @@ def _sink(binding: B12XSparseMLABinding, attn_sink: torch.Tensor | None) -> torc
 
 
 def _stage_q(binding: B12XSparseMLABinding) -> None:
-    """Padded head counts: the caller's q into the run's zero-padded copy (a device copy)."""
+    """Padded head counts: the caller's q into the run's padded copy (one device copy)."""
     if binding.plan.padded:
         n = binding.plan.caps.num_q_heads
-        qp = binding.inner.q
-        qp[:, n:].zero_()
-        qp[:, :n].copy_(binding.q)
+        binding.inner.q[:, :n].copy_(binding.q)     # the heads past n were zeroed by bind
 
 
 def sparse_mla_decode_forward(*, q_all=None, kv_cache: torch.Tensor, page_table_1=None, cache_seqlens_int32=None,

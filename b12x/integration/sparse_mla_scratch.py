@@ -156,6 +156,7 @@ class B12XSparseMLAScratchPlan:
         h = self.inner.caps.num_heads
         if self.padded:
             q_run = _scratch.view(scratch, self.regions["q_pad"], (rows, h, dim))
+            q_run[:, caps.num_q_heads:].zero_()     # once: the forwards only copy the real heads in
         else:
             q_run = q
         inner = self.inner.bind(inner_scratch, q=q_run, indices=selected_indices, lengths=nsa_cache_seqlens_int32)

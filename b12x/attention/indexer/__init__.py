@@ -152,7 +152,8 @@ class B12XIndexerScratchPlan:
             require(real_page_table.stride() == (0, 1) or rows == 1,
                     f"real_page_table: expected a row-shared table (strides (0, 1), a stride-0 expand) with "
                     f"shared_page_table=True, got strides {real_page_table.stride()}")
-            table = real_page_table[:1]                 # one request, every row of it
+            # one request, every row of it: its one row, with a row stride the kernels accept
+            table = real_page_table.as_strided((1, real_page_table.shape[1]), (real_page_table.shape[1], 1))
         else:
             require(real_page_table.is_contiguous(),
                     f"real_page_table: expected a contiguous tensor, got strides {real_page_table.stride()}")
