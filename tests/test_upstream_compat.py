@@ -251,3 +251,65 @@ def test_split_planner_under_upstreams_name():
     chunks, splits, per = plan_unified_decode_splits(topk=2048, max_chunks=32, num_tokens=8, sm_count=132)
     assert (chunks, splits * per >= chunks) == (32, True)
     assert splits == sm.split_plan(8, 2048, 132, 1)[0]
+
+
+# ---- the seam: what the upstream-named calls hand to this package's run (runs stubbed) ---------
+def test_index_topk_hands_our_run_the_fork_shaped_call(_ix_h200, monkeypatch):
+    """The fork's decode call (T:164-239 with 64 index heads): flat [10, 8448] index cache of page
+    stride 8448 or 36864, a [2, 10] table, lengths, an active width; our run gets the pages view,
+    the table, width 640 and the caller's output buffers."""
+    seen = {}
+    monkeypatch.setattr(_ix, "run_index_topk", lambda b, *, kv_cache: seen.update(b=b, kv=kv_cache) or (b.indices, b.scores))
+    for stride0 in (8448, 36864):
+        plan = uix.plan_indexer_scratch(_icaps())
+        store = torch.zeros(10, stride0, dtype=torch.uint8)
+        flat = store.as_strided((10, 8448), (stride0, 1))
+        table = torch.arange(20, dtype=torch.int32).view(2, 10)
+        b = plan.bind(scratch=[torch.zeros(plan.layout.nbytes, dtype=torch.uint8)], real_page_table=table,
+                      cache_seqlens_int32=torch.tensor([640, 100], dtype=torch.int32),
+                      active_width=torch.tensor([640], dtype=torch.int32), schedule_metadata=None,
+                      expected_num_q_heads=64, shared_page_table=False)
+        out = torch.empty(2, 2048, dtype=torch.int32)
+        got = uix.index_topk_fp8(q_fp8=torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn),
+                                 weights=torch.zeros(2, 64), index_k_cache=flat, binding=b, page_size=64,
+                                 expected_num_q_heads=64, out_indices=out, out_scores=None)
+        inner = seen["b"]
+        assert got is out and inner.indices is out and inner.width == 640 and inner.k == 2048
+        assert inner.block_table is table and inner.rows_per_req == 1 and inner.active_width is b.active_width
+        assert seen["kv"].shape == (10, 64, 132) and seen["kv"].stride() == (stride0, 132, 1)
+        assert seen["kv"].data_ptr() == store.data_ptr()
+
+
+def test_index_topk_prefill_runs_one_shared_table(_ix_h200, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(_ix, "run_index_topk", lambda b, *, kv_cache: seen.update(b=b) or (b.indices, b.scores))
+    rows, pages = 8, 12
+    plan = uix.plan_indexer_scratch(_icaps(mode="prefill", shared_page_table=True, max_q_rows=rows,
+                                           max_page_table_width=pages))
+    row = torch.arange(pages, dtype=torch.int32)
+    b = plan.bind(scratch=[torch.zeros(plan.layout.nbytes, dtype=torch.uint8)], real_page_table=row[None].expand(rows, pages),
+                  cache_seqlens_int32=torch.arange(700, 700 + rows, dtype=torch.int32), active_width=None,
+                  schedule_metadata=None, expected_num_q_heads=64, shared_page_table=True)
+    scores = torch.empty(rows, 2048)
+    uix.index_topk_fp8(q_fp8=torch.zeros(rows, 64, 128, dtype=torch.float8_e4m3fn), weights=torch.zeros(rows, 64, 1),
+                       index_k_cache=torch.zeros(20, 8448, dtype=torch.uint8), binding=b, page_size=64,
+                       expected_num_q_heads=64, out_indices=torch.empty(rows, 2048, dtype=torch.int32), out_scores=scores)
+    inner = seen["b"]
+    assert inner.block_table.shape == (1, pages) and inner.rows_per_req == rows and inner.scores is scores
+    assert inner.block_table.data_ptr() == row.data_ptr() and inner.width == pages * 64
+
+
+def test_decode_forward_hands_our_run_the_forced_splits(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(sm, "run_decode", lambda b, **kw: seen.update(b=b, kw=kw) or (b.out, b.lse))
+    p = plan_sparse_mla_scratch(_caps(num_q_heads=24, max_q_rows=4))
+    b = _bind(p, rows=4)
+    kv = torch.zeros(128, 1, 656, dtype=torch.uint8)
+    out, lse = mla.sparse_mla_decode_forward(binding=b, kv_cache=kv, sm_scale=0.07, v_head_dim=512,
+                                             forced_num_splits=32, return_lse=True, lse_scale="natural")
+    inner = seen["b"]
+    assert inner.partial_o.shape[:2] == (4, 32) and inner.q.shape == (4, 32, 576) and inner.q is not b.q
+    assert seen["kw"]["kv_cache"].shape == (2, 64, 656) and seen["kw"]["lse_base"] == "e"
+    assert out.shape == (4, 24, 512) and lse.shape == (4, 24) and out.is_contiguous()
+    mla.sparse_mla_decode_forward(binding=b, kv_cache=kv, sm_scale=0.07)
+    assert seen["b"].partial_o.shape[1] == sm.split_plan(4, 2048, 132, 1, seen["b"].plan.ctas_per_sm)[0]
