@@ -258,3 +258,65 @@ def test_run_row_topk_is_the_dcp_merge():
     _is_topk_of(logits, ids, 2048)
     ok = ids >= 0
     assert torch.equal(vals[ok], logits.gather(1, ids.clamp(min=0).long())[ok])
+
+
+def test_indexer_mtp_rows_then_the_dcp_merge():
+    """MTP decode (B requests x next_n rows, the block table repeat_interleaved per row as the
+    fork does), then the DCP candidate merge of two ranks' top-k through run_row_topk and the id
+    gather by position, against the unsharded top-k of the same logits."""
+    reqs, next_n, pages = 2, 2, 64
+    rows = reqs * next_n
+    flat, kv, q, w, g = _index_problem(rows, pages, 24)
+    bt_req = torch.randperm(600, device="cuda", generator=g)[: reqs * pages].view(reqs, pages).int()
+    bt = bt_req.repeat_interleave(next_n, dim=0).contiguous()
+    seq = torch.tensor([4000, 4001, 2500, 2501], dtype=torch.int32, device="cuda")
+    plan = uix.plan_indexer_scratch(uix.B12XIndexerScratchCaps(
+        device="cuda", source_layout="paged", num_q_heads=64, max_q_rows=rows, max_page_table_width=pages,
+        topk=2048, mode="decode", shared_page_table=False))
+    b = plan.bind(scratch=[torch.empty(plan.layout.nbytes, dtype=torch.uint8, device="cuda")], real_page_table=bt,
+                  cache_seqlens_int32=seq, active_width=None, schedule_metadata=None, expected_num_q_heads=64,
+                  shared_page_table=False)
+    idx = torch.empty(rows, 2048, dtype=torch.int32, device="cuda")
+    sc = torch.empty(rows, 2048, device="cuda")
+    uix.index_topk_fp8(q_fp8=q, weights=w, index_k_cache=flat, binding=b, page_size=64, expected_num_q_heads=64,
+                       out_indices=idx, out_scores=sc)
+    torch.cuda.synchronize()
+    logits = indexer_logits_paged_reference(q, w, kv, bt, seq, pages * 64)
+    _is_topk_of(logits, idx, 2048)
+    # two "ranks" each holding half of the columns: their top-k, then the fork's merge
+    half = pages * 32
+    cand_ids, cand_sc = [], []
+    for lo in (0, half):
+        part = logits[:, lo:lo + half].contiguous()
+        v, i = run_row_topk(row_logits=part, lengths=torch.full((rows,), half, dtype=torch.int32, device="cuda"),
+                            topk=2048)
+        cand_ids.append(torch.where(i >= 0, i + lo, -1))
+        cand_sc.append(v)
+    ids, scores = torch.cat(cand_ids, 1).contiguous(), torch.cat(cand_sc, 1).contiguous()
+    mv, mi = run_row_topk(row_logits=scores, lengths=torch.full((rows,), 4096, dtype=torch.int32, device="cuda"),
+                          topk=2048)
+    merged = torch.where(mi >= 0, ids.gather(1, mi.clamp(min=0).long()), -1)
+    torch.cuda.synchronize()
+    _is_topk_of(logits, merged.int(), 2048)
+
+
+def test_profile_run_reservation_then_prefill_prewarm():
+    """The fork's profile run: plans for decode and shared-table prefill at the profile's rows,
+    scratch borrowed from shapes_and_dtypes(), then the prefill prewarm on a zero table."""
+    q_rows, k_rows = 256, 8192
+    pages = -(-k_rows // 64)
+    plans = [uix.plan_indexer_scratch(uix.B12XIndexerScratchCaps(
+        device="cuda", source_layout="paged", num_q_heads=64, max_q_rows=q_rows, max_page_table_width=pages,
+        topk=2048, mode="prefill" if shared else "decode", shared_page_table=shared)) for shared in (False, True)]
+    scratch = [torch.empty(s, dtype=d, device="cuda") for p in plans for s, d in p.shapes_and_dtypes()]
+    pre = plans[1]
+    kv = torch.zeros(pages, 8448, dtype=torch.uint8, device="cuda")
+    b = pre.bind(scratch=[scratch[1]], real_page_table=torch.zeros(1, pages, dtype=torch.int32, device="cuda").expand(
+        q_rows, pages), cache_seqlens_int32=torch.full((q_rows,), k_rows, dtype=torch.int32, device="cuda"),
+        active_width=None, schedule_metadata=None, expected_num_q_heads=64, shared_page_table=True)
+    idx = torch.empty(q_rows, 2048, dtype=torch.int32, device="cuda")
+    uix.index_topk_fp8(q_fp8=torch.zeros(q_rows, 64, 128, dtype=torch.float8_e4m3fn, device="cuda"),
+                       weights=torch.zeros(q_rows, 64, device="cuda"), index_k_cache=kv, binding=b, page_size=64,
+                       expected_num_q_heads=64, out_indices=idx, out_scores=torch.empty(q_rows, 2048, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.all((idx >= -1) & (idx < k_rows))
