@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|v4|ceiling|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|v4|ceiling|compat|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -12,6 +12,11 @@ python3 -c "import flash_mla" > "$OUT/flashmla-import.txt" 2>&1 || true
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu tests/gpu ${kexpr:+-k "$kexpr"} -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || rc=1
+fi
+if [ "$what" = compat ]; then
+  # the vLLM B12X backend's call sequences on the upstream-named layer, and the README block
+  python3 -m pytest -q -m gpu tests/gpu/test_upstream_compat_gpu.py tests/gpu/test_readme_examples_gpu.py \
+    -p no:cacheprovider -rf --tb=short > "$OUT/gpu-tests.log" 2>&1 || rc=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sparse_mla_decode.py --json "$OUT/decode.json" ${BENCH_ARGS:-} > "$OUT/bench-decode.log" 2>&1 || rc=1
