@@ -309,7 +309,11 @@ def test_decode_forward_hands_our_run_the_forced_splits(monkeypatch):
                                              forced_num_splits=32, return_lse=True, lse_scale="natural")
     inner = seen["b"]
     assert inner.partial_o.shape[:2] == (4, 32) and inner.q.shape == (4, 32, 576) and inner.q is not b.q
-    assert seen["kw"]["kv_cache"].shape == (2, 64, 656) and seen["kw"]["lse_base"] == "e"
+    assert seen["kw"]["kv_cache"].shape == (2, 64, 656) and seen["kw"]["lse_base"] == "e"      # natural asked
     assert out.shape == (4, 24, 512) and lse.shape == (4, 24) and out.is_contiguous()
     mla.sparse_mla_decode_forward(binding=b, kv_cache=kv, sm_scale=0.07)
     assert seen["b"].partial_o.shape[1] == sm.split_plan(4, 2048, 132, 1, seen["b"].plan.ctas_per_sm)[0]
+    assert seen["kw"]["lse_base"] == "2"                       # upstream's default base, written by the kernels
+    native = _bind(plan_sparse_mla_scratch(_caps()), rows=2)
+    o, l = mla.sparse_mla_decode_forward(binding=native, kv_cache=kv, sm_scale=0.07, return_lse=True)
+    assert o is native.inner.out and l is native.inner.lse     # no copies at a native count without a sink

@@ -61,23 +61,31 @@ def _pages(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(-1, 64, kv_cache.shape[2])
 
 
+def _lse_base(binding: B12XSparseMLABinding, lse_scale: str, attn_sink) -> str:
+    """The base the kernels write lse in: the caller's, unless a sink has to be folded in (natural)."""
+    return "e" if lse_scale == "natural" or attn_sink is not None else "2"
+
+
 def _finish(binding: B12XSparseMLABinding, out: torch.Tensor, lse: torch.Tensor, return_lse: bool, lse_scale: str,
             attn_sink: torch.Tensor | None):
-    """out and lse (natural log) of the run, at the run's head count -> the caller's: heads cut
-    back, the sink folded into lse, the base converted. In place into scratch views."""
+    """out and lse of the run, at the run's head count -> the caller's: heads cut back (padded
+    counts), the sink folded into lse (then the base converted). In place into scratch views;
+    a native head count without a sink returns the run's own out and lse."""
     n = binding.plan.caps.num_q_heads
     if binding.plan.padded:
         binding.out.copy_(out[:, :n])
         out = binding.out
     if not return_lse:
         return out
+    if not binding.plan.padded and attn_sink is None:
+        return out, lse
     res = binding.lse
     if attn_sink is not None:
-        torch.logaddexp(lse[:, :n], attn_sink[:n], out=res)
+        torch.logaddexp(lse, attn_sink, out=res)
+        if lse_scale == "base2":
+            res.mul_(_INV_LN2)
     else:
         res.copy_(lse[:, :n])
-    if lse_scale == "base2":
-        res.mul_(_INV_LN2)
     return out, res
 
 
@@ -126,7 +134,8 @@ def sparse_mla_decode_forward(*, q_all=None, kv_cache: torch.Tensor, page_table_
         inner = plan.inner.bind(binding.scratch[: plan.inner.scratch_bytes()], q=inner.q, indices=inner.indices,
                                 lengths=inner.lengths, num_splits=splits)
     _stage_q(binding)
-    out, lse = _sm.run_decode(inner, kv_cache=pages, sm_scale=sm_scale, attn_sink=sink, lse_base="e")
+    out, lse = _sm.run_decode(inner, kv_cache=pages, sm_scale=sm_scale, attn_sink=sink,
+                              lse_base=_lse_base(binding, lse_scale, sink))
     return _finish(binding, out, lse, return_lse, lse_scale, sink)
 
 
@@ -141,5 +150,6 @@ def sparse_mla_extend_forward(*, q_all=None, kv_cache: torch.Tensor, selected_to
                                             nsa_cache_seqlens_int32=nsa_cache_seqlens_int32),
                               kv_cache, v_head_dim, lse_scale, identity_page_table, "extend")
     _stage_q(binding)
-    out, lse = _sm.run_extend(binding.inner, kv_cache=pages, sm_scale=sm_scale, lse_base="e")
+    out, lse = _sm.run_extend(binding.inner, kv_cache=pages, sm_scale=sm_scale,
+                              lse_base=_lse_base(binding, lse_scale, None))
     return _finish(binding, out, lse, return_lse, lse_scale, None)
