@@ -30,7 +30,7 @@ slot would not fit int32).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -69,6 +69,10 @@ class Caps:
     with_scores: bool = False
     fused: Optional[bool] = None      # run_index_topk: True = the fused path; None, False = logits + top-k
     logits_in_scratch: bool = True    # reserve a [max_rows, max_width] fp32 logits region
+    # rows of that region: 0 holds every row; N < max_rows holds N, and run_index_topk scores and
+    # selects N rows at a time, so the scratch's logits stay N x max_width x 4 bytes however many
+    # rows a call has (prefill chunks of thousands of rows over long contexts)
+    logits_rows: int = 0
     arch: Optional[str] = None        # None: the current CUDA device's
     num_sms: Optional[int] = None     # None: the current CUDA device's
 
@@ -220,8 +224,11 @@ class IndexerPlan(Plan):
             width = logits.shape[1]
         require(isinstance(width, int) and 1 <= width <= caps.max_width,
                 f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
+        row_batch = 0
         if logits is None and "logits" in plan.regions:
-            logits = _scratch.view(scratch, plan.regions["logits"], (rows, width))
+            row_batch = plan_logits_rows(caps)
+            row_batch = 0 if rows <= row_batch else row_batch
+            logits = _scratch.view(scratch, plan.regions["logits"], (min(rows, plan_logits_rows(caps)), width))
         k = caps.topk if k is None else k
         require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
                 f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")
@@ -250,9 +257,26 @@ class IndexerPlan(Plan):
         cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
                       plan.regions[f"cand_cnt_{s}"]) for s in "ab")
         g = plan.logits_rows_per_unit(rows_per_req)
+        if row_batch and block_table is not None and block_table.shape[0] > 1:
+            # batches of whole requests (MTP rows share their request's pages)
+            row_batch -= row_batch % rows_per_req
+            require(row_batch >= 1, f"Caps.logits_rows: expected at least the {rows_per_req} rows of one request, "
+                                    f"got {plan_logits_rows(caps)}")
         return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
                        block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
-                       indices, scores, cand, plan.pages_per_cta(rows // g, width))
+                       indices, scores, cand, plan.pages_per_cta(rows // g, width), row_batch)
+
+
+def plan_logits_rows(caps: Caps) -> int:
+    """Rows the scratch's logits region holds (Caps.logits_rows, at most max_rows)."""
+    return min(caps.max_rows, caps.logits_rows) if caps.logits_rows else caps.max_rows
+
+
+def logits_rows_for(budget_bytes: int, max_width: int, max_rows: int) -> int:
+    """The Caps.logits_rows that keeps the logits region within budget_bytes (an even count, so
+    rows of one request still pair up in the logits kernel); 0 when every row fits."""
+    fit = budget_bytes // (4 * max(1, max_width))
+    return 0 if fit >= max_rows else max(2, fit - fit % 2)
 
 
 def plan(caps: Caps) -> IndexerPlan:
@@ -283,8 +307,10 @@ def plan(caps: Caps) -> IndexerPlan:
                    ("wide_cnt", torch.int32, rows * -(-caps.max_width // tiling["wide_tile"]) * 2),
                    ("wide_state", torch.int32, rows * 4),
                    ("tie_key", torch.int32, rows * tiling["tie_cap"]), ("tie_pos", torch.int32, rows * tiling["tie_cap"])]
+    require(isinstance(caps.logits_rows, int) and caps.logits_rows >= 0,
+            f"Caps.logits_rows: expected an int >= 0 (0: every row), got {caps.logits_rows!r}")
     if caps.logits_in_scratch:
-        layout.append(("logits", torch.float32, rows * caps.max_width))
+        layout.append(("logits", torch.float32, plan_logits_rows(caps) * caps.max_width))
     return IndexerPlan(caps=caps, regions=_scratch.layout(layout), arch=arch, num_sms=sms, logits_spec=logits_spec,
                        topk_spec=topk_spec, fused_spec=fused_spec, tiling=tiling, logits_pair_spec=pair)
 
@@ -309,6 +335,7 @@ class Binding:
     scores: Optional[torch.Tensor]
     cand: tuple                        # ((key, pos, cnt) buffer a, buffer b) as flat region views
     pages_per_cta: int
+    row_batch: int = 0                 # > 0: the logits region holds this many rows (Caps.logits_rows)
 
 
 def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device) -> None:
@@ -416,8 +443,32 @@ def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch, num_
         src = 1 - src
 
 
+def _row_slice(b: Binding, r0: int, r1: int) -> Binding:
+    """Rows [r0, r1) of a binding as a binding of their own: views of its tensors, the logits
+    region's first rows. One shared page table (one request) stays whole; per-request tables
+    give their requests' rows (batches are whole requests)."""
+    p, n = b.plan, r1 - r0
+    bt, rpr = b.block_table, b.rows_per_req
+    if bt is not None and bt.shape[0] == 1:
+        rpr = n
+    elif bt is not None:
+        bt = bt[r0 // rpr: r1 // rpr]
+    sl = (lambda t: None if t is None else t[r0:r1])
+    return replace(b, rows=n, q=sl(b.q), weights=sl(b.weights), lengths=b.lengths[r0:r1], starts=sl(b.starts),
+                   block_table=bt, rows_per_req=rpr, logits=b.logits[:n], indices=b.indices[r0:r1],
+                   scores=sl(b.scores), pages_per_cta=p.pages_per_cta(n // p.logits_rows_per_unit(rpr), b.width),
+                   row_batch=0)
+
+
+def _require_whole(b: Binding, what: str) -> None:
+    require(not b.row_batch, f"logits: the plan's logits region holds {b.row_batch} of the call's {b.rows} rows "
+                             f"(Caps.logits_rows); {what} needs them all: run_index_topk scores and selects row "
+                             f"batch by row batch, or bind a [rows, width] logits tensor")
+
+
 def run_logits(b: Binding, *, kv_cache) -> torch.Tensor:
     """Launch the logits kernel on the current stream. Returns b.logits; allocates nothing."""
+    _require_whole(b, "run_logits")
     p = b.plan
     require(b.q is not None, "q: expected e4m3 [rows, Hi, 128] in bind() to compute logits, got None")
     require(b.logits is not None, "logits: expected a tensor in bind() (or Caps.logits_in_scratch=True), got None")
@@ -431,6 +482,7 @@ def run_logits(b: Binding, *, kv_cache) -> torch.Tensor:
 
 def run_topk(b: Binding) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Top-k of b.logits. Returns (indices, scores or None); allocates nothing."""
+    _require_whole(b, "run_topk")
     return _run_topk(b, b.num_blocks)
 
 
@@ -492,8 +544,12 @@ def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torc
     # physical slots are checked against the cache's own pages
     num_blocks = _kv_blocks(b, kv_cache) if p.caps.mode == "paged" else b.num_blocks
     if not p.use_fused(b.rows, b.width):
-        run_logits(b, kv_cache=kv_cache)
-        return _run_topk(b, num_blocks)
+        # (a plan with Caps.logits_rows below the call's rows: one batch of rows at a time)
+        for r0 in range(0, b.rows, b.row_batch or max(b.rows, 1)):
+            sb = _row_slice(b, r0, min(b.rows, r0 + b.row_batch)) if b.row_batch else b
+            run_logits(sb, kv_cache=kv_cache)
+            _run_topk(sb, num_blocks)
+        return b.indices, b.scores
     require(b.q is not None, "q: expected e4m3 [rows, Hi, 128] in bind() to compute logits, got None")
     if not b.rows:
         return b.indices, b.scores

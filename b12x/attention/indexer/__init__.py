@@ -12,11 +12,13 @@ B12X indexer layer imports (docs/notes/upstream-b12x-surface.md, sections 4 and 
 Every route upstream names runs b12x.indexer's paged kernels here: decode on the request's block
 table, prefill ("packed_contiguous", a page table shared by every row as a stride-0 expand) on
 that one table, rows causal through their own lengths. The route a plan reports is upstream's
-name for the call shape, which the backend checks. The prefill plan holds a [rows, width] fp32
-logits buffer in its scratch (upstream streams supertiles).
+name for the call shape, which the backend checks. A plan's scratch holds at most
+LOGITS_BUDGET_MB of fp32 logits; a prefill of more rows than fit is scored and selected in row
+batches (upstream streams 32K-token supertiles instead).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -36,6 +38,9 @@ PAGED_MQA_LOGITS_SCHEDULE_PAGES_PER_SPLIT = 4
 SUPPORTED_TOPK = (512, 1024, 2048)
 PAGE_BYTES = PAGED_INDEX_PAGE_SIZE * (INDEX_HEAD_DIM + 4)      # 8448: 64 x 128 e4m3, then 64 fp32 scales
 SCRATCH_KEY = "paged_indexer.scratch"
+# the logits buffer a plan's scratch holds, at most (env B12X_INDEXER_LOGITS_MB overrides): larger
+# calls are scored and selected in row batches (b12x.indexer Caps.logits_rows)
+LOGITS_BUDGET_MB = 512
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,8 +197,11 @@ def plan_indexer_scratch(caps: B12XIndexerScratchCaps) -> B12XIndexerScratchPlan
         route = ROUTE_PACKED_CONTIGUOUS if prefill else (
             ROUTE_PAGED_FUSED if caps.max_q_rows <= 6 else ROUTE_PAGED_TILED)
     width = caps.max_page_table_width * PAGED_INDEX_PAGE_SIZE
+    # the logits of LOGITS_BUDGET_MB at most: rows are scored and selected in batches beyond it
+    budget = int(os.environ.get("B12X_INDEXER_LOGITS_MB", LOGITS_BUDGET_MB)) << 20
     inner = _ix.plan(_ix.Caps(num_heads=caps.num_q_heads, topk=caps.topk, mode="paged", max_rows=caps.max_q_rows,
-                              max_width=width, with_scores=True))
+                              max_width=width, with_scores=True,
+                              logits_rows=_ix.logits_rows_for(budget, width, caps.max_q_rows)))
     return B12XIndexerScratchPlan(caps=caps, layout=IndexerScratchLayout(inner.scratch_bytes(), route), inner=inner)
 
 

@@ -1,0 +1,71 @@
+"""Indexer prefill in bounded memory by row batches (Caps.logits_rows): the plan's logits region
+holds N rows, and run_index_topk scores and selects N rows at a time. CPU: the layout, the
+bindings each batch gets (the kernels stubbed), and the refusals of the whole-logits calls."""
+import pytest
+import torch
+
+from b12x import indexer as ix
+from b12x.errors import InputError
+
+
+def _plan(**kw):
+    base = dict(num_heads=64, topk=2048, mode="paged", max_rows=16, max_width=4096, with_scores=True,
+                arch="sm_90a", num_sms=132)
+    base.update(kw)
+    return ix.plan(ix.Caps(**base))
+
+
+def _bind(p, rows, table_rows, width=4096):
+    pages = width // 64
+    return p.bind(torch.zeros(p.scratch_bytes(), dtype=torch.uint8), lengths=torch.arange(rows, dtype=torch.int32),
+                  q=torch.zeros(rows, 64, 128, dtype=torch.float8_e4m3fn), weights=torch.zeros(rows, 64),
+                  block_table=torch.arange(table_rows * pages, dtype=torch.int32).view(table_rows, pages),
+                  width=width)
+
+
+def test_layout_holds_the_batch_rows():
+    whole, batched = _plan(), _plan(logits_rows=4)
+    assert whole.regions["logits"].numel == 16 * 4096 and batched.regions["logits"].numel == 4 * 4096
+    assert ix.logits_rows_for(512 << 20, 163840, 4096) == 818            # 4096 rows x 160K: 818 a batch
+    assert ix.logits_rows_for(512 << 20, 4096, 16) == 0                  # everything fits
+    with pytest.raises(InputError, match="logits_rows"):
+        _plan(logits_rows=-1)
+
+
+@pytest.mark.parametrize("table_rows,rows,batch,want", [
+    (1, 10, 4, [(0, 4, 4, 1), (4, 8, 4, 1), (8, 10, 2, 1)]),        # one shared table: any split
+    (5, 10, 3, [(0, 2, 2, 2), (2, 4, 2, 2), (4, 6, 2, 2), (6, 8, 2, 2), (8, 10, 2, 2)]),  # whole requests
+])
+def test_run_index_topk_covers_every_row_once(monkeypatch, table_rows, rows, batch, want):
+    seen = []
+    monkeypatch.setattr(ix, "_launch_logits", lambda b, kv: seen.append(("logits", b)))
+    monkeypatch.setattr(ix, "_run_topk", lambda b, n: seen.append(("topk", b)) or (b.indices, b.scores))
+    p = _plan(logits_rows=batch)
+    b = _bind(p, rows, table_rows)
+    assert b.row_batch and b.logits.shape == (batch, 4096)
+    kv = torch.zeros(200, 64, 132, dtype=torch.uint8)
+    ix.run_index_topk(b, kv_cache=kv)
+    got = [(s.lengths[0].item(), s.lengths[-1].item() + 1, s.rows, s.block_table.shape[0]) for w, s in seen
+           if w == "logits"]
+    assert got == [(r0, r1, n, t if table_rows > 1 else 1) for r0, r1, n, t in
+                   [(r0, r1, r1 - r0, (r1 - r0) // 2) for r0, r1, _, _ in want]]
+    for what, s in seen:
+        r0 = s.lengths[0].item()
+        assert s.indices.data_ptr() == b.indices[r0].data_ptr() and s.scores.data_ptr() == b.scores[r0].data_ptr()
+        assert s.logits.data_ptr() == b.logits.data_ptr() and s.logits.shape[0] == s.rows and not s.row_batch
+        if table_rows == 1:
+            assert s.rows_per_req == s.rows and s.block_table.data_ptr() == b.block_table.data_ptr()
+        else:
+            assert s.rows_per_req == 2 and s.block_table.data_ptr() == b.block_table[r0 // 2].data_ptr()
+
+
+def test_whole_logits_calls_are_refused_on_a_batched_binding():
+    p = _plan(logits_rows=4)
+    b = _bind(p, 10, 1)
+    kv = torch.zeros(200, 64, 132, dtype=torch.uint8)
+    with pytest.raises(InputError, match="row batch"):
+        ix.run_logits(b, kv_cache=kv)
+    with pytest.raises(InputError, match="row batch"):
+        ix.run_topk(b)
+    small = _bind(p, 4, 1)                                # rows that fit: one batch, nothing refused
+    assert not small.row_batch and small.logits.shape == (4, 4096)
