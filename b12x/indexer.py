@@ -219,6 +219,9 @@ class IndexerPlan(Plan):
                 f"num_blocks: expected an int >= 1 (the K cache's pages) or None, got {num_blocks!r}")
         if logits is not None:
             _check_rowmajor("logits", logits, torch.float32, (rows, None), dev)
+            require(rows <= plan_logits_rows(caps),
+                    f"logits: expected at most Caps.logits_rows={caps.logits_rows} rows of caller logits (the "
+                    f"plan's top-k state holds that many), got {rows}")
             require(width is None or width == logits.shape[1],
                     f"width: expected logits.shape[1]={logits.shape[1]} or None, got {width}")
             width = logits.shape[1]
@@ -295,22 +298,28 @@ def plan(caps: Caps) -> IndexerPlan:
     tiling = topk_tiling(arch)
     pair = caps.logits_spec(arch, rows_per_unit=2) if caps.mode == "paged" and arch == "sm_90a" else None
     rows, k = caps.max_rows, caps.topk
-    groups = max(-(-caps.max_width // tiling["chunk"]), -(-caps.max_width // tiling["fused_chunk"]))
-    layout = [("cand_key_a", torch.int32, rows * groups * k), ("cand_pos_a", torch.int32, rows * groups * k),
-              ("cand_cnt_a", torch.int32, rows * groups),
-              ("cand_key_b", torch.int32, rows * groups * k), ("cand_pos_b", torch.int32, rows * groups * k),
-              ("cand_cnt_b", torch.int32, rows * groups),
+    require(isinstance(caps.logits_rows, int) and caps.logits_rows >= 0,
+            f"Caps.logits_rows: expected an int >= 0 (0: every row), got {caps.logits_rows!r}")
+    # the rows one top-k launch selects: all of them, or a row batch (Caps.logits_rows)
+    sel = plan_logits_rows(caps)
+    # candidate groups: the fused path's schedule merges up to width / fused_chunk of them per row
+    # (over every row: it does not batch); every other launch passes one group as a placeholder
+    fused = fused_spec is not None and bool(caps.fused)
+    groups = max(-(-caps.max_width // tiling["chunk"]), -(-caps.max_width // tiling["fused_chunk"])) if fused else 1
+    crows = rows if fused else sel
+    layout = [("cand_key_a", torch.int32, crows * groups * k), ("cand_pos_a", torch.int32, crows * groups * k),
+              ("cand_cnt_a", torch.int32, crows * groups),
+              ("cand_key_b", torch.int32, crows * groups * k), ("cand_pos_b", torch.int32, crows * groups * k),
+              ("cand_cnt_b", torch.int32, crows * groups),
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
     if caps.max_width > tiling["chunk"]:
         # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer
-        layout += [("wide_hist", torch.int32, rows * ((1 << tiling["wide_bits"]) + 4)),
-                   ("wide_cnt", torch.int32, rows * -(-caps.max_width // tiling["wide_tile"]) * 2),
-                   ("wide_state", torch.int32, rows * 4),
-                   ("tie_key", torch.int32, rows * tiling["tie_cap"]), ("tie_pos", torch.int32, rows * tiling["tie_cap"])]
-    require(isinstance(caps.logits_rows, int) and caps.logits_rows >= 0,
-            f"Caps.logits_rows: expected an int >= 0 (0: every row), got {caps.logits_rows!r}")
+        layout += [("wide_hist", torch.int32, sel * ((1 << tiling["wide_bits"]) + 4)),
+                   ("wide_cnt", torch.int32, sel * -(-caps.max_width // tiling["wide_tile"]) * 2),
+                   ("wide_state", torch.int32, sel * 4),
+                   ("tie_key", torch.int32, sel * tiling["tie_cap"]), ("tie_pos", torch.int32, sel * tiling["tie_cap"])]
     if caps.logits_in_scratch:
-        layout.append(("logits", torch.float32, plan_logits_rows(caps) * caps.max_width))
+        layout.append(("logits", torch.float32, sel * caps.max_width))
     return IndexerPlan(caps=caps, regions=_scratch.layout(layout), arch=arch, num_sms=sms, logits_spec=logits_spec,
                        topk_spec=topk_spec, fused_spec=fused_spec, tiling=tiling, logits_pair_spec=pair)
 

@@ -69,3 +69,12 @@ def test_whole_logits_calls_are_refused_on_a_batched_binding():
         ix.run_topk(b)
     small = _bind(p, 4, 1)                                # rows that fit: one batch, nothing refused
     assert not small.row_batch and small.logits.shape == (4, 4096)
+    with pytest.raises(InputError, match="logits_rows"):     # the top-k state holds 4 rows
+        p.bind(torch.zeros(p.scratch_bytes(), dtype=torch.uint8), lengths=torch.zeros(10, dtype=torch.int32),
+               logits=torch.zeros(10, 4096))
+
+
+def test_scratch_of_a_long_prefill_is_bounded():
+    p = _plan(max_rows=4096, max_width=163840, logits_rows=ix.logits_rows_for(256 << 20, 163840, 4096))
+    assert p.caps.logits_rows == 408 and p.scratch_bytes() <= 512 << 20
+    assert _plan(max_rows=4096, max_width=163840).scratch_bytes() > 3 << 30

@@ -40,7 +40,7 @@ PAGE_BYTES = PAGED_INDEX_PAGE_SIZE * (INDEX_HEAD_DIM + 4)      # 8448: 64 x 128 
 SCRATCH_KEY = "paged_indexer.scratch"
 # the logits buffer a plan's scratch holds, at most (env B12X_INDEXER_LOGITS_MB overrides): larger
 # calls are scored and selected in row batches (b12x.indexer Caps.logits_rows)
-LOGITS_BUDGET_MB = 512
+LOGITS_BUDGET_MB = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +197,7 @@ def plan_indexer_scratch(caps: B12XIndexerScratchCaps) -> B12XIndexerScratchPlan
         route = ROUTE_PACKED_CONTIGUOUS if prefill else (
             ROUTE_PAGED_FUSED if caps.max_q_rows <= 6 else ROUTE_PAGED_TILED)
     width = caps.max_page_table_width * PAGED_INDEX_PAGE_SIZE
-    # the logits of LOGITS_BUDGET_MB at most: rows are scored and selected in batches beyond it
+    # at most LOGITS_BUDGET_MB of logits: rows are scored and selected in batches beyond it
     budget = int(os.environ.get("B12X_INDEXER_LOGITS_MB", LOGITS_BUDGET_MB)) << 20
     inner = _ix.plan(_ix.Caps(num_heads=caps.num_q_heads, topk=caps.topk, mode="paged", max_rows=caps.max_q_rows,
                               max_width=width, with_scores=True,
