@@ -14,8 +14,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu tests/gpu ${kexpr:+-k "$kexpr"} -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1 || rc=1
 fi
 if [ "$what" = compat ]; then
-  # the vLLM B12X backend's call sequences on the upstream-named layer, and the README block
+  # the vLLM B12X backend's call sequences on the upstream-named layer, the README blocks, the
+  # indexer's row batches
   python3 -m pytest -q -m gpu tests/gpu/test_upstream_compat_gpu.py tests/gpu/test_readme_examples_gpu.py \
+    tests/gpu/test_indexer_row_batches_gpu.py \
     -p no:cacheprovider -rf --tb=short > "$OUT/gpu-tests.log" 2>&1 || rc=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
