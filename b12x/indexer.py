@@ -472,7 +472,7 @@ def _row_slice(b: Binding, r0: int, r1: int) -> Binding:
 def _require_whole(b: Binding, what: str) -> None:
     require(not b.row_batch, f"logits: the plan's logits region holds {b.row_batch} of the call's {b.rows} rows "
                              f"(Caps.logits_rows); {what} needs them all: run_index_topk scores and selects row "
-                             f"batch by row batch, or bind a [rows, width] logits tensor")
+                             f"batch by row batch (or plan without Caps.logits_rows)")
 
 
 def run_logits(b: Binding, *, kv_cache) -> torch.Tensor:
