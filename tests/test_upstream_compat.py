@@ -71,8 +71,10 @@ def test_layout_and_native_heads():
     assert ext.mode == "extend" and ext.inner.caps.max_splits == 0
 
 
-def test_padded_heads_run_on_the_next_native_count():
-    p = plan_sparse_mla_scratch(_caps(num_q_heads=24))
+def test_padded_heads_run_on_the_next_native_count(caplog):
+    with caplog.at_level("INFO", logger="b12x"):
+        p = plan_sparse_mla_scratch(_caps(num_q_heads=24))
+    assert "num_q_heads=24 runs on 32 heads" in caplog.text
     assert p.padded and p.inner.caps.num_heads == 32
     b = _bind(p)
     assert b.inner.q.shape == (3, 32, 576) and b.out.shape == (3, 24, 512) and b.lse.shape == (3, 24)

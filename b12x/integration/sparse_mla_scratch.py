@@ -18,6 +18,7 @@ small copies per call, which the native counts do not pay.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
@@ -33,6 +34,7 @@ MODES = ("decode", "extend", "verify", "draft_extend")
 # upstream's kv_dtype names the record: uint8 records are fp8_ds_mla (656 bytes a token)
 _KV_FORMATS = {torch.uint8: "fp8_ds_mla", torch.bfloat16: "bf16"}
 SCRATCH_KEY = "sparse_mla.scratch"
+log = logging.getLogger("b12x")
 
 
 def native_heads(num_q_heads: int) -> int:
@@ -182,6 +184,9 @@ def plan_sparse_mla_scratch(caps: B12XSparseMLAScratchCaps) -> B12XSparseMLAScra
     require(caps.mode in MODES, f"mode: expected one of {', '.join(MODES)}, got {caps.mode!r}")
     require(caps.max_width <= 8192, f"max_width: expected at most 8192 entries, got {caps.max_width}")
     heads = native_heads(caps.num_q_heads)
+    if heads != caps.num_q_heads:
+        log.info("b12x sparse MLA: num_q_heads=%d runs on %d heads (q zero-padded into the scratch, out and lse "
+                 "copied back: two small copies per call)", caps.num_q_heads, heads)
     mode = "decode" if caps.mode == "decode" else "extend"
     topk = max(64, -(-caps.max_width // 64) * 64)
     max_splits = min(caps.max_chunks_per_row, _sm.MAX_SPLITS, topk // 64) if mode == "decode" else 0
