@@ -229,9 +229,9 @@ class IndexerPlan(Plan):
                 f"width: expected an int in [1, Caps.max_width={caps.max_width}] (or a logits tensor), got {width!r}")
         row_batch = 0
         if logits is None and "logits" in plan.regions:
-            row_batch = plan_logits_rows(caps)
-            row_batch = 0 if rows <= row_batch else row_batch
-            logits = _scratch.view(scratch, plan.regions["logits"], (min(rows, plan_logits_rows(caps)), width))
+            held = plan_logits_rows(caps)
+            row_batch = held if rows > held else 0
+            logits = _scratch.view(scratch, plan.regions["logits"], (min(rows, held), width))
         k = caps.topk if k is None else k
         require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,
                 f"k: expected a multiple of 128 in [128, Caps.topk={caps.topk}], got {k!r}")

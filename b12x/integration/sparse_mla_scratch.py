@@ -26,7 +26,7 @@ import torch
 
 from ..attention import sparse_mla as _sm
 from ..validate import check_tensor, require
-from .upstream_scratch import one_scratch
+from .upstream_scratch import caps_device, checked_scratch
 from .. import scratch as _scratch
 
 NATIVE_HEADS = (8, 16, 32, 64, 128)
@@ -66,9 +66,7 @@ class B12XSparseMLAScratchCaps:
     page_size: int = 64
 
     def __post_init__(self) -> None:
-        dev = torch.device(self.device)
-        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = caps_device(self.device)
         set_ = object.__setattr__
         set_(self, "device", dev)
         for name in ("num_q_heads", "max_q_rows", "max_width", "head_dim", "v_head_dim", "max_chunks_per_row",
@@ -130,10 +128,7 @@ class B12XSparseMLAScratchPlan:
         selected_indices, -1 after it); above the width it counts as the width.
         cache_seqlens_int32 is checked, not read (as upstream)."""
         caps = self.caps
-        scratch = one_scratch(scratch, SCRATCH_KEY)
-        check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=caps.device)
-        require(scratch.numel() >= self.layout.nbytes,
-                f"scratch: expected at least layout.nbytes={self.layout.nbytes} bytes, got {scratch.numel()}")
+        scratch = checked_scratch(scratch, SCRATCH_KEY, self.layout.nbytes, caps.device)
         check_tensor("q", q, dtype=caps.dtype, ndim=3, contiguous=True, device=caps.device)
         rows, heads, dim = q.shape
         require(rows <= caps.max_q_rows, f"q: expected at most max_q_rows={caps.max_q_rows} rows, got {rows}")

@@ -1,5 +1,5 @@
-"""What the upstream-named layers share (sparse_mla_scratch, b12x.attention.indexer): the scratch
-argument as upstream b12x takes it."""
+"""What the upstream-named layers share (sparse_mla_scratch, b12x.attention.indexer): the caps'
+device and the scratch argument as upstream b12x takes them."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -7,7 +7,23 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import InputError
-from ..validate import require
+from ..validate import check_tensor, require
+
+
+def caps_device(device) -> torch.device:
+    """Upstream's normalisation of a caps device: a bare "cuda" becomes the current CUDA device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def checked_scratch(scratch, key: str, nbytes: int, device: torch.device) -> torch.Tensor:
+    """The scratch argument as one contiguous uint8 buffer of at least `nbytes` on `device`."""
+    buf = one_scratch(scratch, key)
+    check_tensor("scratch", buf, dtype=torch.uint8, ndim=1, contiguous=True, device=device)
+    require(buf.numel() >= nbytes, f"scratch: expected at least layout.nbytes={nbytes} bytes, got {buf.numel()}")
+    return buf
 
 
 def one_scratch(scratch, key: str) -> torch.Tensor:

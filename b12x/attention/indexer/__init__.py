@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from ... import indexer as _ix
-from ...integration.upstream_scratch import one_scratch
+from ...integration.upstream_scratch import caps_device, checked_scratch
 from ...validate import check_tensor, require
 
 PAGED_INDEX_PAGE_SIZE = 64
@@ -71,9 +71,7 @@ class B12XIndexerScratchCaps:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        dev = torch.device(self.device)
-        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = caps_device(self.device)
         set_(self, "device", dev)
         for name in ("num_q_heads", "max_q_rows", "topk", "page_size", "num_idx_heads"):
             set_(self, name, max(int(getattr(self, name)), 1))
@@ -135,10 +133,7 @@ class B12XIndexerScratchPlan:
         nothing yet (index_topk_fp8 binds the run). schedule_metadata is checked and not read:
         these kernels need no schedule (uses_paged_mqa_schedule says False)."""
         caps = self.caps
-        scratch = one_scratch(scratch, SCRATCH_KEY)
-        check_tensor("scratch", scratch, dtype=torch.uint8, ndim=1, contiguous=True, device=caps.device)
-        require(scratch.numel() >= self.layout.nbytes,
-                f"scratch: expected at least layout.nbytes={self.layout.nbytes} bytes, got {scratch.numel()}")
+        scratch = checked_scratch(scratch, SCRATCH_KEY, self.layout.nbytes, caps.device)
         shared = caps.shared_page_table if shared_page_table is None else bool(shared_page_table)
         require(shared == caps.shared_page_table,
                 f"shared_page_table: expected {caps.shared_page_table} (the plan's), got {shared}")
