@@ -136,9 +136,11 @@ class IndexerPlan(Plan):
         return [s for s in (self.logits_spec, self.logits_pair_spec, self.topk_spec, self.fused_spec)
                 if s is not None]
 
-    def logits_rows_per_unit(self, rows_per_req: int) -> int:
-        """Query rows per logits unit: two rows of one request share each K page load (MTP)."""
-        return 2 if self.logits_pair_spec is not None and rows_per_req % 2 == 0 else 1
+    def logits_rows_per_unit(self, rows: int, rows_per_req: int) -> int:
+        """Query rows per logits unit: two rows share each K page load; paged, two rows of one
+        request (MTP); contiguous, any two (an even row count)."""
+        even = rows % 2 == 0 if self.caps.mode == "contiguous" else rows_per_req % 2 == 0
+        return 2 if self.logits_pair_spec is not None and even else 1
 
     def pages_per_cta(self, rows: int, width: int) -> int:
         """Logits work split. sm_90a: (row group, page) units per CTA of the persistent grid, sized
@@ -259,7 +261,7 @@ class IndexerPlan(Plan):
             require(scores is None, "scores: expected None (plan with Caps(with_scores=True) to get scores)")
         cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
                       plan.regions[f"cand_cnt_{s}"]) for s in "ab")
-        g = plan.logits_rows_per_unit(rows_per_req)
+        g = plan.logits_rows_per_unit(rows, rows_per_req)
         if row_batch and block_table is not None and block_table.shape[0] > 1:
             # batches of whole requests (MTP rows share their request's pages)
             row_batch -= row_batch % rows_per_req
@@ -296,7 +298,7 @@ def plan(caps: Caps) -> IndexerPlan:
             f"Caps.max_width: expected an int in [1, {TOPK_WIDTH_MAX}], got {caps.max_width!r}")
     sms = caps.num_sms or device_num_sms()
     tiling = topk_tiling(arch)
-    pair = caps.logits_spec(arch, rows_per_unit=2) if caps.mode == "paged" and arch == "sm_90a" else None
+    pair = caps.logits_spec(arch, rows_per_unit=2) if arch == "sm_90a" else None
     rows, k = caps.max_rows, caps.topk
     require(isinstance(caps.logits_rows, int) and caps.logits_rows >= 0,
             f"Caps.logits_rows: expected an int >= 0 (0: every row), got {caps.logits_rows!r}")
@@ -386,11 +388,11 @@ def _dummy(b: Binding) -> torch.Tensor:
 def _launch_logits(b: Binding, kv_cache) -> None:
     p = b.plan
     if p.caps.mode == "paged":
-        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows_per_req) == 2 else "logits")["logits"]
+        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows, b.rows_per_req) == 2 else "logits")["logits"]
         fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, _active(b), b.logits, b.rows_per_req,
            int(b.active_width is not None), b.pages_per_cta)
     else:
-        fn = p.kernels("logits")["logits"]
+        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows, 1) == 2 else "logits")["logits"]
         kv, sc = kv_cache
         fn(b.q, b.weights, kv.view(torch.uint8), sc, b.starts, b.lengths, b.logits, b.pages_per_cta)
 
@@ -465,7 +467,7 @@ def _row_slice(b: Binding, r0: int, r1: int) -> Binding:
     sl = (lambda t: None if t is None else t[r0:r1])
     return replace(b, rows=n, q=sl(b.q), weights=sl(b.weights), lengths=b.lengths[r0:r1], starts=sl(b.starts),
                    block_table=bt, rows_per_req=rpr, logits=b.logits[:n], indices=b.indices[r0:r1],
-                   scores=sl(b.scores), pages_per_cta=p.pages_per_cta(n // p.logits_rows_per_unit(rpr), b.width),
+                   scores=sl(b.scores), pages_per_cta=p.pages_per_cta(n // p.logits_rows_per_unit(n, rpr), b.width),
                    row_batch=0)
 
 

@@ -148,12 +148,12 @@ def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: to
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,
                     max_rows: int | None = None) -> list:
     """Resolve an indexer plan's artifacts and launch every route a call with up to max_rows
-    (None: caps.max_rows) rows can take: the fused path and logits + top-k, each at one row and at
-    max_rows rows, at a one-chunk width and at caps.max_width (the wide top-k), plus MTP row
-    pairs (the row-pair logits kernel) on paged sm_90a; `prewarm(indexer.plan(caps))` runs this.
+    (None: caps.max_rows) rows can take: the plan's path (fused with Caps.fused=True, else logits +
+    top-k, in row batches with Caps.logits_rows) at one row and at max_rows rows, at a one-chunk
+    width and at caps.max_width (the wide top-k), plus row pairs (the row-pair logits kernel; MTP
+    rows when paged) on sm_90a; `prewarm(indexer.plan(caps))` runs this.
 
     Returns the (route, rows, width) triples that ran. `scratch` is the engine's workspace."""
-    import dataclasses
 
     from . import indexer
 
@@ -162,27 +162,28 @@ def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: 
     base = indexer.plan(caps)
     for spec in base.specs():
         registry.resolve(spec)
-    routes = [("unfused", False)] + ([("fused", True)] if base.fused_spec is not None else [])
-    plans = {name: indexer.plan(dataclasses.replace(caps, fused=flag)) for name, flag in routes}
+    # a plan takes the fused path exactly when Caps.fused is True (IndexerPlan.use_fused): its own
+    # route is the only one its calls take, and the caller's scratch (plan(caps)'s size) fits it
+    route = "fused" if base.use_fused(1, caps.max_width) else "unfused"
     if scratch is None:
-        scratch = torch.empty(max(p.scratch_bytes() for p in plans.values()), dtype=torch.uint8, device=device)
+        scratch = torch.empty(base.scratch_bytes(), dtype=torch.uint8, device=device)
     ran = []
     t = base.tiling
     widths = sorted({min(caps.max_width, t["chunk"]), min(caps.max_width, max(t["chunk"], t["row_chunk"])),
                      caps.max_width})
     with torch.cuda.device(device):
-        for name, p in plans.items():
-            for rows in sorted({1, top}):
-                for width in widths:
-                    _warm_indexer_call(p, scratch, rows, width, device)
-                    ran.append((name, rows, width))
-        if base.logits_pair_spec is not None and top >= 2:
-            # MTP: two query rows per request take the row-pair logits kernel
-            p = plans["unfused"]
+        for rows in sorted({1, top}):
+            for width in widths:
+                _warm_indexer_call(base, scratch, rows, width, device)
+                ran.append((route, rows, width))
+        if base.logits_pair_spec is not None and top >= 2 and route == "unfused":
+            # row pairs take the row-pair logits kernel: paged, two rows per request (MTP);
+            # contiguous, any even row count
+            pairs = "mtp-pairs" if caps.mode == "paged" else "row-pairs"
             for rows in sorted({2, top // 2 * 2}):
                 for width in widths:
-                    _warm_indexer_call(p, scratch, rows, width, device, rows_per_req=2)
-                    ran.append(("mtp-pairs", rows, width))
+                    _warm_indexer_call(base, scratch, rows, width, device, rows_per_req=2)
+                    ran.append((pairs, rows, width))
         torch.cuda.synchronize(device)
     return ran
 

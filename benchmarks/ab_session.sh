@@ -8,7 +8,7 @@
 # `source .device-kit/setup.sh`:
 #   bash benchmarks/ab_session.sh decode,extend,indexer      # logs and JSON under $OUT
 # BASE (default scratch/base) names the base tree; DEC_ARGS / EXT_ARGS / IDX_ARGS pass options to
-# the benches; TB is each bench's time limit in seconds.
+# the benches (PRE_ARGS: the indexer prefill's); TB is each bench's time limit in seconds.
 set -uo pipefail
 what=${1:-decode,extend}
 root=$PWD
@@ -21,6 +21,7 @@ run() {  # side bench [tag]
   case $b in
     bench_sparse_mla_decode.py) args=${DEC_ARGS:-} ;;
     bench_sparse_mla_extend.py) args=${EXT_ARGS:-} ;;
+    bench_indexer_prefill.py) args=${PRE_ARGS:-} ;;
     *) args=${IDX_ARGS:-} ;;
   esac
   ( cd "$dir" && export B12X_CACHE_DIR=$dir/.cache/b12x PYTHONPATH=$dir:/tmp/b12x-kit/site &&
@@ -32,6 +33,7 @@ for w in ${what//,/ }; do
     decode) for i in 1 2; do for s in new base; do run $s bench_sparse_mla_decode.py "-$i"; done; done ;;
     extend) for i in 1 2; do for s in new base; do run $s bench_sparse_mla_extend.py "-$i"; done; done ;;
     indexer) for s in new base; do run $s bench_indexer.py; done ;;
-    *) echo "ab_session: unknown bench $w (decode, extend, indexer)" >&2; exit 2 ;;
+    prefill) for s in new base; do run $s bench_indexer_prefill.py; done ;;
+    *) echo "ab_session: unknown bench $w (decode, extend, indexer, prefill)" >&2; exit 2 ;;
   esac
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|dcp|indexer|v4|ceiling|compat|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|prefill|dcp|indexer|v4|ceiling|compat|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -26,6 +26,10 @@ fi
 if [ "$what" = extend ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sparse_mla_extend.py --json "$OUT/extend.json" > "$OUT/bench-extend.log" 2>&1 || rc=1
 fi
+if [ "$what" = prefill ] || [ "$what" = all ]; then
+  # the indexer's prefill in bounded scratch (row batches) vs DeepGEMM mqa logits + torch.topk
+  python3 benchmarks/bench_indexer_prefill.py --json "$OUT/indexer-prefill.json" > "$OUT/bench-indexer-prefill.log" 2>&1 || rc=1
+fi
 if [ "$what" = dcp ] || [ "$what" = all ]; then
   python3 benchmarks/bench_dcp.py --json "$OUT/dcp.json" > "$OUT/bench-dcp.log" 2>&1 || rc=1
 fi
@@ -47,6 +51,7 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
 [ -f "$OUT/bench-decode.log" ] && { echo "== decode bench"; tail -30 "$OUT/bench-decode.log"; }
 [ -f "$OUT/bench-extend.log" ] && { echo "== extend bench"; tail -12 "$OUT/bench-extend.log"; }
+[ -f "$OUT/bench-indexer-prefill.log" ] && { echo "== indexer prefill bench"; tail -8 "$OUT/bench-indexer-prefill.log"; }
 [ -f "$OUT/bench-dcp.log" ] && { echo "== dcp bench"; tail -8 "$OUT/bench-dcp.log"; }
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }
 [ -f "$OUT/gpu-tests-v4.log" ] && { echo "== v4 tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests-v4.log" | tail -20; }

@@ -52,6 +52,8 @@ class IndexerConfig:
             out += [IndexerLogitsSpec(num_heads=self.num_heads, compress_ratio=c, rows_per_unit=2, arch=arch)
                     for c in self.compress_ratios]
         out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", arch=arch))
+        if arch == "sm_90a":    # prefill rows: two rows per staged K page
+            out.append(IndexerLogitsSpec(num_heads=self.num_heads, mode="contiguous", rows_per_unit=2, arch=arch))
         # the top-k artifacts serve every K up to TOPK_MAX (K is a launch argument): the model's
         # topk picks the K prewarm launches, not the artifact
         out += [TopKSpec(k=TOPK_MAX, with_scores=s, arch=arch) for s in (False, True)]
@@ -196,8 +198,7 @@ def spec_role(spec: KernelSpec) -> str:
     if isinstance(spec, SparseMLASpec):
         return f"attention {spec.mode}"
     if isinstance(spec, IndexerLogitsSpec):
-        return {"contiguous": "contiguous logits"}.get(spec.mode, "row-pair logits" if spec.rows_per_unit == 2
-                                                       else "paged logits")
+        return f"{spec.mode} logits" + (" (row pairs)" if spec.rows_per_unit == 2 else "")
     if isinstance(spec, TopKSpec):
         return "top-k" + (" + scores" if spec.with_scores else "")
     if isinstance(spec, IndexerTopKSpec):

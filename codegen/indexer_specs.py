@@ -95,7 +95,7 @@ class IndexerLogitsSpec(KernelSpec):
     compress_ratio: int = 1
     mode: str = "paged"
     page_size: int = 64
-    rows_per_unit: int = 1           # query rows of one request scored per staged K page (MTP)
+    rows_per_unit: int = 1           # query rows scored per staged K page (paged: of one request, MTP)
     arch: str = "sm_90a"
 
     def __post_init__(self) -> None:
@@ -103,8 +103,8 @@ class IndexerLogitsSpec(KernelSpec):
         _check_index_fields(c, self)
         _require(c, "mode", self.mode, self.mode in LOGITS_MODES, ", ".join(LOGITS_MODES))
         _require(c, "rows_per_unit", self.rows_per_unit,
-                 self.rows_per_unit == 1 or (self.rows_per_unit == 2 and self.mode == "paged" and self.arch == "sm_90a"),
-                 "1, or 2 with mode 'paged' on sm_90a")
+                 self.rows_per_unit == 1 or (self.rows_per_unit == 2 and self.arch == "sm_90a"),
+                 "1, or 2 on sm_90a")
         _require(c, "compress_ratio", self.compress_ratio, self.mode == "paged" or self.compress_ratio == 1,
                  "1 with mode 'contiguous' (its bounds are already in entries)")
         _require(c, "page_size", self.page_size, self.page_size == 64, "64")

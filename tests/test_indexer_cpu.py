@@ -42,10 +42,11 @@ def test_spec_validation_names_field_and_allowed(cls, field, value, allowed):
     assert f"{cls.__name__}.{field}" in msg and repr(value) in msg and allowed in msg
 
 
-@pytest.mark.parametrize("kw", [dict(mode="contiguous"), dict(arch="sm_120a"), dict(rows_per_unit=3)])
-def test_row_pairs_need_paged_sm90(kw):
+@pytest.mark.parametrize("kw", [dict(arch="sm_120a"), dict(rows_per_unit=3), dict(mode="contiguous", arch="sm_120a")])
+def test_row_pairs_need_sm90(kw):
     with pytest.raises(SpecError, match="rows_per_unit"):
         IndexerLogitsSpec(**{"rows_per_unit": 2, **kw})
+    assert IndexerLogitsSpec(mode="contiguous", rows_per_unit=2).name == "indexer_logits_contiguous_h64_c1_g2_sm_90a"
 
 
 def test_contiguous_rejects_compression():
@@ -212,9 +213,17 @@ def test_wide_topk_arguments_are_views_of_scratch():
 
 
 def test_row_pairs_only_for_even_next_n(plan):
-    assert plan.logits_rows_per_unit(1) == 1 and plan.logits_rows_per_unit(3) == 1
-    assert plan.logits_rows_per_unit(2) == 2 and plan.logits_rows_per_unit(4) == 2
+    assert plan.logits_rows_per_unit(6, 1) == 1 and plan.logits_rows_per_unit(6, 3) == 1
+    assert plan.logits_rows_per_unit(6, 2) == 2 and plan.logits_rows_per_unit(8, 4) == 2
     assert {s.name for s in plan.specs()} >= {plan.logits_spec.name, plan.logits_pair_spec.name}
+
+
+def test_contiguous_row_pairs_for_even_row_counts():
+    p = ix.plan(ix.Caps(num_heads=64, mode="contiguous", max_rows=8, max_width=4096, arch="sm_90a", num_sms=132))
+    assert p.logits_pair_spec.rows_per_unit == 2 and p.logits_pair_spec.mode == "contiguous"
+    assert p.logits_rows_per_unit(4, 1) == 2 and p.logits_rows_per_unit(5, 1) == 1
+    q = ix.plan(ix.Caps(num_heads=64, mode="contiguous", max_rows=8, max_width=4096, arch="sm_120a", num_sms=188))
+    assert q.logits_pair_spec is None and q.logits_rows_per_unit(4, 1) == 1
 
 
 def test_bind_views_scratch(plan):

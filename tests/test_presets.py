@@ -29,8 +29,8 @@ V4_PRESETS = {
     **{f"deepseek-v4-pro-tp{tp}": ("DeepSeek-V4-Pro", 128 // tp, 1024) for tp in (1, 2, 4, 8, 16)},
 }
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
-COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 7, "glm-5-indexer": 7, "indexer-compressed": 11,
-                     "dcp-topk": 2, "indexer-all": 54, "sparse-mla-model1": 16}
+COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 8, "glm-5-indexer": 8, "indexer-compressed": 12,
+                     "dcp-topk": 2, "indexer-all": 58, "sparse-mla-model1": 16}
 
 
 def test_model_and_component_presets():
@@ -51,8 +51,9 @@ def test_model_preset_is_the_whole_bundle(name, arch):
     want = [SparseMLASpec(num_heads=heads, kv_format=kv_format, topk=2048, mode=m, arch=arch) for m in ("decode", "extend")]
     want += [IndexerLogitsSpec(num_heads=index_heads, compress_ratio=1, mode="paged", arch=arch),
              IndexerLogitsSpec(num_heads=index_heads, mode="contiguous", arch=arch)]
-    if arch == "sm_90a":   # MTP row pairs exist on sm_90a only
-        want.append(IndexerLogitsSpec(num_heads=index_heads, compress_ratio=1, rows_per_unit=2, arch=arch))
+    if arch == "sm_90a":   # row pairs (MTP, prefill) exist on sm_90a only
+        want += [IndexerLogitsSpec(num_heads=index_heads, compress_ratio=1, rows_per_unit=2, arch=arch),
+                 IndexerLogitsSpec(num_heads=index_heads, mode="contiguous", rows_per_unit=2, arch=arch)]
     want += [TopKSpec(k=2048, with_scores=s, arch=arch) for s in (False, True)]
     want += [IndexerTopKSpec(num_heads=index_heads, compress_ratio=1, k=2048, with_scores=s, arch=arch)
              for s in (False, True)]
@@ -72,6 +73,7 @@ def test_default_preset_specs():
         "indexer_logits_paged_h64_c1_sm_90a",                      # paged logits
         "indexer_logits_paged_h64_c1_g2_sm_90a",                   # row pairs (rows_per_unit=2)
         "indexer_logits_contiguous_h64_c1_sm_90a",                 # contiguous (prefill) logits
+        "indexer_logits_contiguous_h64_c1_g2_sm_90a",              # its row pairs
         "topk_k2048_w262144_sm_90a",                               # top-k
         "topk_k2048_w262144_scores_sm_90a",                        # top-k with scores
         "indexer_topk_h64_c1_k2048_w262144_sm_90a",                # fused
@@ -175,7 +177,7 @@ def test_cli_prewarm_calls_prewarm_preset(capsys, monkeypatch):
     assert main(["prewarm", "--preset", "glm-5-tp2", "--max-batched", "64"]) == 0
     assert calls == [("glm-5-tp2", {"max_batched": 64, "max_width": DEFAULT_MAX_WIDTH})]
     out = capsys.readouterr().out
-    assert "prewarmed preset glm-5-tp2 on sm_90a: 10 specs loaded and launched" in out
+    assert "prewarmed preset glm-5-tp2 on sm_90a: 11 specs loaded and launched" in out
 
 
 def test_prewarm_preset_orchestration(monkeypatch):
@@ -206,7 +208,7 @@ def test_prewarm_preset_orchestration(monkeypatch):
     kw = dict(max_batched=16, max_width=4096, device="cuda:0", dcp_group="group", dcp_interleave=8, scratch=ws)
     bundle = pw.prewarm_preset("glm-5-tp2", **kw)
     resolved = [e[1] for e in events if e[0] == "resolve"]
-    assert set(resolved) == set(get_preset("glm-5-tp2").specs(("sm_90a",))) and len(resolved) == 10
+    assert set(resolved) == set(get_preset("glm-5-tp2").specs(("sm_90a",))) and len(resolved) == 11
     first_launch = next(i for i, e in enumerate(events) if e[0] in ("mla", "indexer", "dcp"))
     assert all(e[0] == "resolve" for e in events[:len(resolved)]) and first_launch > len(resolved)
     assert [e for e in events if e[0] == "mla"] == [("mla", 32, "fp8_ds_mla")]
@@ -234,14 +236,15 @@ def test_v4_preset_is_the_whole_bundle(name):
     the indexer's top-k, + every C128 entry), the 64-head c = 4 indexer at its top-k, DCP; sm_90a."""
     model, heads, k = V4_PRESETS[name]
     p = get_preset(name)
-    assert p.model == model and len(p.specs(("sm_120a",))) == 13    # the same less the MTP row-pair logits
+    assert p.model == model and len(p.specs(("sm_120a",))) == 13    # the same less the row-pair logits
     v4 = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, kv_format="model1_fp8", page_size=256,
               topk=512, num_heads=heads, arch="sm_90a")
     want = [SparseMLASpec(**v4, mode=m, extra_topk=xk, extra_page_size=xp)
             for xk, xp in ((0, 0), (k, 64), (8192, 2)) for m in ("decode", "extend")]
     want += [IndexerLogitsSpec(num_heads=64, compress_ratio=4, mode="paged", arch="sm_90a"),
              IndexerLogitsSpec(num_heads=64, compress_ratio=4, rows_per_unit=2, arch="sm_90a"),
-             IndexerLogitsSpec(num_heads=64, mode="contiguous", arch="sm_90a")]
+             IndexerLogitsSpec(num_heads=64, mode="contiguous", arch="sm_90a"),
+             IndexerLogitsSpec(num_heads=64, mode="contiguous", rows_per_unit=2, arch="sm_90a")]
     # the top-k artifacts serve every K up to 2048 (a launch argument)
     want += [TopKSpec(k=2048, with_scores=s, arch="sm_90a") for s in (False, True)]
     want += [IndexerTopKSpec(num_heads=64, compress_ratio=4, k=2048, with_scores=s, arch="sm_90a") for s in (False, True)]

@@ -126,15 +126,16 @@ def test_logits_address_beyond_2gb():
 
 
 @pytest.mark.parametrize("heads", (32, 64))
-def test_contiguous_logits(heads):
-    g = _gen(heads)
-    n, rows = 5000, 7
+@pytest.mark.parametrize("rows", (7, 8))     # 8: row pairs on sm_90a (disjoint, nested, empty ranges in a pair)
+def test_contiguous_logits(heads, rows):
+    g = _gen(heads + rows)
+    n = 5000
     kv = quantize_q(torch.randn(n, 128, device="cuda", generator=g))
     sc = torch.rand(n, device="cuda", generator=g) + 0.1
     q = quantize_q(torch.randn(rows, heads, 128, device="cuda", generator=g))
     w = torch.randn(rows, heads, device="cuda", generator=g)
-    starts = torch.tensor([0, 0, 100, 4000, 63, 2000, 10], dtype=torch.int32, device="cuda")
-    ends = torch.tensor([0, 64, 1500, 5000, 4999, 2001, 6000], dtype=torch.int32, device="cuda")
+    starts = torch.tensor([0, 0, 100, 4000, 63, 2000, 10, 300][:rows], dtype=torch.int32, device="cuda")
+    ends = torch.tensor([0, 64, 1500, 5000, 4999, 2001, 6000, 301][:rows], dtype=torch.int32, device="cuda")
     p = make_plan(heads, mode="contiguous", rows=rows, width=n)
     b = ix.bind(p, scratch=scratch_for(p), q=q, weights=w, lengths=ends, starts=starts, width=n, k=512)
     ours = ix.run_logits(b, kv_cache=(kv, sc)).clone()
@@ -366,13 +367,17 @@ def test_custom_ops_run():
     check_topk_sets(idx, None, ref_idx)
 
 
-@pytest.mark.parametrize("mode", ("paged", "contiguous"))
-def test_prewarm_covers_every_route(mode):
+@pytest.mark.parametrize("mode,fused", (("paged", None), ("paged", True), ("contiguous", None)))
+def test_prewarm_covers_every_route(mode, fused):
     from b12x.prewarm import prewarm_indexer
 
-    caps = ix.Caps(num_heads=64, topk=2048, mode=mode, max_batched=4, max_width=40000, with_scores=True)
-    ran = prewarm_indexer(caps)
+    caps = ix.Caps(num_heads=64, topk=2048, mode=mode, max_batched=4, max_width=40000, with_scores=True, fused=fused)
+    # the caller's scratch, sized by its own plan, is all the warm-up uses
+    p = ix.plan(caps)
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    ran = prewarm_indexer(caps, scratch=scratch)
     routes = {r for r, _, _ in ran}
-    assert "unfused" in routes and (mode != "paged" or {"fused", "mtp-pairs"} <= routes)
-    assert {rows for r, rows, _ in ran if r != "mtp-pairs"} == {1, 4} and max(w for _, _, w in ran) == 40000
-    assert mode != "paged" or {rows for r, rows, _ in ran if r == "mtp-pairs"} == {2, 4}
+    pairs = "mtp-pairs" if mode == "paged" else "row-pairs"
+    assert routes == ({"fused"} if fused else {"unfused", pairs})
+    assert {rows for r, rows, _ in ran if r != pairs} == {1, 4} and max(w for _, _, w in ran) == 40000
+    assert pairs not in routes or {rows for r, rows, _ in ran if r == pairs} == {2, 4}

@@ -74,7 +74,7 @@ def test_indexer_paged_topk_frozen(frozen_bundle, next_n, with_scores):
         out[fused] = (idx.clone(), None if sc is None else sc.clone(), b)
     torch.cuda.synchronize()
     pairs = next_n == 2 and frozen_bundle.arch == "sm_90a"
-    assert out[False][2].plan.logits_rows_per_unit(next_n) == (2 if pairs else 1)
+    assert out[False][2].plan.logits_rows_per_unit(rows, next_n) == (2 if pairs else 1)
     logits = out[False][2].logits
     check_logits(logits, indexer_logits_paged_reference(q, w, kv, bt, lengths, max_len))
     ref_idx, _ = topk_reference(logits, 2048, lengths)

@@ -152,6 +152,7 @@ from b12x import indexer as ix  # noqa: E402
 from b12x.attention import indexer as uix  # noqa: E402
 from b12x.attention.indexer.tiled_topk import run_row_topk  # noqa: E402
 from b12x.indexer_reference import indexer_logits_paged_reference, quantize_k_pages, quantize_q  # noqa: E402
+from .indexer_cases import check_logits  # noqa: E402
 
 
 def _is_topk_of(logits, got, k):
@@ -232,7 +233,8 @@ def test_indexer_prefill_with_a_shared_page_table():
     logits = indexer_logits_paged_reference(q, w, kv, table.expand(rows, pages).contiguous(), seq, pages * 64)
     _is_topk_of(logits, idx, 2048)
     ok = idx >= 0
-    torch.testing.assert_close(scores[ok], logits.gather(1, idx.clamp(min=0).long())[ok], rtol=1e-4, atol=1e-4)
+    # the reference's fp32 sums against the fp8 wgmma's accumulation: the indexer tests' tolerance
+    check_logits(scores[ok][None], logits.gather(1, idx.clamp(min=0).long())[ok][None])
     assert torch.all(scores[~ok] == float("-inf"))
     # the same rows through our own API on a per-row copy of the table: the same selection
     p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=rows, max_width=pages * 64, with_scores=True))

@@ -31,8 +31,9 @@ class WgmmaLogits(LogitsKernel):
     registers, which this form saves: 94 at next_n 1, 128 with row pairs, so pairs run 4 CTAs per
     SM too. docs/notes/indexer-logits.md.)
 
-    A row group is rows_per_unit consecutive query rows of one request (MTP): each staged page is
-    scored against every row of the group, so a request's K is read once for all of them."""
+    A row group is rows_per_unit consecutive query rows: paged, of one request (MTP); contiguous,
+    any two rows, whose ranges' union is staged (a prefill's neighbouring rows differ by a token).
+    Each staged page is scored against every row of the group, so K is read once for all of them."""
 
     def __init__(self, *, stages: int, **config):
         super().__init__(**config)
@@ -130,8 +131,9 @@ class WgmmaLogits(LogitsKernel):
                     i_p = 0
                     i_row = i_row + 1
         cur_row = Int32(-1)
-        valid_begin = Int32(0)
+        valid_begin = Int32(0)                         # the row group's earliest valid begin
         valid_end = Int32(0)                           # the row group's furthest valid end
+        my_begin = Int32(0)                            # this lane's row's valid begin
         for u0 in cutlass.range(u_begin, u_end, nstage, unroll=1):
             for i in cutlass.range_constexpr(nstage):
                 u = u0 + i
@@ -142,19 +144,24 @@ class WgmmaLogits(LogitsKernel):
                         # a new row group: its q into shared memory (every earlier wgmma has completed)
                         cute.arch.sync_threads()
                         valid_end = Int32(0)
+                        if const_expr(not self.paged):
+                            valid_begin = Int32(0x7FFFFFFF)
                         for r in cutlass.range_constexpr(rows_per_unit):
                             qrow = row * rows_per_unit + r
                             self.scorer.store_q_smem(mQ, qrow, cute.make_tensor(sQw.iterator + r * q_words,
                                                                                 cute.make_layout(q_words)),
                                                      tidx, self.num_threads)
                             self.scorer.load_weights(mW, qrow, tig, rWs[r])
+                            begin_r = Int32(0)
                             if const_expr(self.paged):
                                 end_r = cutlass.min(cutlass.max(mLengths[qrow], 0) // self.compress_ratio, active)
                             else:
-                                valid_begin = cutlass.max(mStarts[qrow], 0)
+                                begin_r = cutlass.max(mStarts[qrow], 0)
                                 end_r = cutlass.min(cutlass.min(mEnds[qrow], n_kv), width)
+                                valid_begin = cutlass.min(valid_begin, begin_r)
                             valid_end = cutlass.max(valid_end, end_r)
                             if my_r == r:
+                                my_begin = begin_r
                                 my_end = end_r
                         out_row = (mLogits.iterator.toint()
                                    + Int64(row * rows_per_unit + my_r) * Int64(mLogits.stride[0]) * 4)
@@ -200,7 +207,7 @@ class WgmmaLogits(LogitsKernel):
                         if live:
                             score = self.scorer.score_page_wgmma_ss(k_desc + Int64(i * K_STAGE_BYTES // 16), q_desc,
                                                                     rWs, rS, tig)
-                            if pos >= valid_begin and pos < my_end:
+                            if pos >= my_begin and pos < my_end:
                                 val = score
                         if (rows_per_unit == 2 or tig < 2) and pos < active:
                             store_f32(out_row + Int64(pos) * 4, val)
@@ -251,15 +258,19 @@ class WgmmaLogits(LogitsKernel):
 
     # ---- contiguous K ----------------------------------------------------------------------
     @cute.jit
-    def issue_unit(self, mKVScale, mStarts, mEnds, mKV, live, row, p, n_act, active, tidx, k_base, s_base,
+    def issue_unit(self, mKVScale, mStarts, mEnds, mKV, live, grp, p, n_act, active, tidx, k_base, s_base,
                    b: cutlass.Constexpr):
-        """Copy unit (row, page) into stage b: only tokens inside the row's range and kv (the
-        other rows of the tile keep stale bytes; their logits are never written). Always commits
-        one group."""
+        """Copy unit (row group, page) into stage b: only tokens inside the union of the group's
+        row ranges and kv (the other rows of the tile keep stale bytes; no logit of theirs is
+        written, and each row masks the union down to its own range). Always commits one group."""
         if live:
             page_lo = p * PAGE_SIZE
-            begin = cutlass.max(mStarts[row], 0)
-            end = cutlass.min(cutlass.min(mEnds[row], mKV.shape[0]), active)
+            begin = Int32(0x7FFFFFFF)
+            end = Int32(0)
+            for r in cutlass.range_constexpr(self.rows_per_unit):
+                begin = cutlass.min(begin, cutlass.max(mStarts[grp * self.rows_per_unit + r], 0))
+                end = cutlass.max(end, cutlass.min(cutlass.min(mEnds[grp * self.rows_per_unit + r], mKV.shape[0]),
+                                                   active))
             if p < n_act and page_lo < end and page_lo + PAGE_SIZE > begin:
                 for k in cutlass.range_constexpr(4):
                     x = tidx + self.num_threads * k
