@@ -387,12 +387,11 @@ def _dummy(b: Binding) -> torch.Tensor:
 
 def _launch_logits(b: Binding, kv_cache) -> None:
     p = b.plan
+    fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows, b.rows_per_req) == 2 else "logits")["logits"]
     if p.caps.mode == "paged":
-        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows, b.rows_per_req) == 2 else "logits")["logits"]
         fn(b.q, b.weights, kv_cache, b.block_table, b.lengths, _active(b), b.logits, b.rows_per_req,
            int(b.active_width is not None), b.pages_per_cta)
     else:
-        fn = p.kernels("logits_pair" if p.logits_rows_per_unit(b.rows, 1) == 2 else "logits")["logits"]
         kv, sc = kv_cache
         fn(b.q, b.weights, kv.view(torch.uint8), sc, b.starts, b.lengths, b.logits, b.pages_per_cta)
 

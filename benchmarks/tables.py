@@ -1,6 +1,6 @@
 """Print the markdown table of a benchmark JSON, as benchmarks/RESULTS.md shows it.
 
-    python benchmarks/tables.py {decode,extend,indexer,dcp,v4,v4-prefill} RESULT.json
+    python benchmarks/tables.py {decode,extend,indexer,indexer-prefill,dcp,v4,v4-prefill} RESULT.json
 
 The shares of the roofline are the bench's (benchmarks/roofline.py: 4.3 TB/s, 790 TFLOP/s)."""
 from __future__ import annotations
@@ -75,6 +75,19 @@ def indexer_table(data: dict) -> str:
                    "DG + torch µs", "pipeline ratio"], out)
 
 
+def indexer_prefill_table(data: dict) -> str:
+    out = []
+    for r in sorted(data["rows"], key=lambda r: (r["rows"], r["ctx"])):
+        peer = r.get("peer_us")
+        out.append([str(r["rows"]), str(r["ctx"]), str(r["c"]), str(r["width"]), str(r["logits_rows"]),
+                    _f(r["scratch_mib"], ".0f"), _f(r["ours_logits_us"] / 1e3, ".2f"), _f(r["ours_topk_us"] / 1e3, ".2f"),
+                    _f(r["ours_us"] / 1e3, ".2f"), _f(r.get("peer_logits_us") and r["peer_logits_us"] / 1e3, ".2f"),
+                    _f(peer and peer / 1e3, ".2f"), _f(r.get("peer_bytes_mib"), ".0f"),
+                    _f(r["ours_us"] / peer if peer else None, ".2f")])
+    return _table(["rows", "context", "c", "entries", "N", "ours scratch MiB", "ours logits ms", "ours top-k ms",
+                   "ours ms", "DeepGEMM logits ms", "DG + torch.topk ms", "DG logits MiB", "ratio"], out)
+
+
 def dcp_table(data: dict) -> str:
     nccl = {r["rows"]: r["merge_us"] for r in data.get("nccl") or []}
     out = []
@@ -127,7 +140,8 @@ def v4_prefill_table(data: dict) -> str:
                    "ratio", "ours TFLOP/s (% roofline)", "FlashMLA attention TFLOP/s (% roofline)"], out)
 
 
-TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table, "dcp": dcp_table,
+TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table,
+          "indexer-prefill": indexer_prefill_table, "dcp": dcp_table,
           "v4": v4_table, "v4-prefill": v4_prefill_table}
 
 if __name__ == "__main__":

@@ -36,3 +36,34 @@ def test_row_batches_match_the_whole_rows(reqs, rows_per_req, batch):
         o0, o1 = i0.sort(dim=1), i1.sort(dim=1)
         assert torch.equal(o0.values, o1.values)
         assert torch.equal(s0.gather(1, o0.indices), s1.gather(1, o1.indices))
+
+
+@pytest.mark.parametrize("batch", (10, 7))     # 10: row-pair batches; 7: single-row batches and a tail of 3
+def test_contiguous_row_batches_match_the_whole_rows(batch):
+    """Prefill rows (causal ends over one contiguous K) scored in row batches, with and without
+    row pairs, against the whole rows in one row-pair launch."""
+    g = torch.Generator(device="cuda").manual_seed(43)
+    rows, n = 24, 6000
+    kv = quantize_q(torch.randn(n, 128, device="cuda", generator=g))
+    sc = torch.rand(n, device="cuda", generator=g) + 0.1
+    q = quantize_q(torch.randn(rows, 64, 128, device="cuda", generator=g) * 4)
+    w = torch.randn(rows, 64, device="cuda", generator=g)
+    ends = torch.arange(n - rows + 1, n + 1, dtype=torch.int32, device="cuda")
+    starts = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    starts[5] = 2500                                     # a pair whose ranges differ
+    res = []
+    for logits_rows in (0, batch):
+        p = ix.plan(ix.Caps(num_heads=64, topk=2048, mode="contiguous", max_rows=rows, max_width=n,
+                            with_scores=True, logits_rows=logits_rows))
+        scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+        idx = torch.full((rows, 2048), -7, dtype=torch.int32, device="cuda")
+        s = torch.full((rows, 2048), float("nan"), device="cuda")
+        b = p.bind(scratch, q=q, weights=w, lengths=ends, starts=starts, width=n, indices=idx, scores=s)
+        assert bool(b.row_batch) == bool(logits_rows)
+        ix.run_index_topk(b, kv_cache=(kv, sc))
+        torch.cuda.synchronize()
+        res.append((idx, s))
+    (i0, s0), (i1, s1) = res
+    o0, o1 = i0.sort(dim=1), i1.sort(dim=1)
+    assert torch.equal(o0.values, o1.values)
+    assert torch.equal(s0.gather(1, o0.indices), s1.gather(1, o1.indices))
