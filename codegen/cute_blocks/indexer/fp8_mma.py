@@ -198,6 +198,14 @@ def cp_async_16(smem_addr: Int32, gmem_addr: Int64, *, loc=None, ip=None):
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@dsl_user_op
+def cp_async_4(smem_addr: Int32, gmem_addr: Int64, *, loc=None, ip=None):
+    """4 bytes global -> shared, asynchronous (through L1: .cg takes only 16-byte copies)."""
+    llvm.inline_asm(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+                    "cp.async.ca.shared.global [$0], [$1], 4;", "r,l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 class Fp8Scorer:
     """Scoring of one query row's heads against 16 (mma.sync) or 64 (wgmma) K tokens:
     sum_h w[h] relu(q_h . k). num_heads: the index heads (a multiple of 8)."""

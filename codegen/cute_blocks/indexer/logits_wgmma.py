@@ -5,7 +5,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32, const_expr
 
-from .fp8_mma import HEAD_DIM, cp_async_16, k_sw128, smem_desc, smem_desc_sw128, store_f32
+from .fp8_mma import HEAD_DIM, cp_async_4, cp_async_16, k_sw128, smem_desc, smem_desc_sw128, store_f32
 from .k_pages import PAGE_SIZE, SCALE_OFF, active_entries
 from .logits import TOKENS_PER_WARP, LogitsKernel
 
@@ -121,15 +121,19 @@ class WgmmaLogits(LogitsKernel):
                 blk = cute.arch.shuffle_sync(rBt0, i)
                 self.issue_page(mKV, blk, tidx, k_dst, s_dst, sBlk, i)
         else:
+            # the issuing side's row group and the union of its rows' ranges, read once per group
             i_row = c_row
             i_p = c_p
+            i_begin, i_end = self.group_bounds(mStarts, mEnds, mKV, active, i_row, u_begin < u_end)
             for i in cutlass.range_constexpr(nstage - 1):
-                self.issue_unit(mKVScale, mStarts, mEnds, mKV, u_begin + i < u_end, i_row, i_p, n_act, active, tidx,
-                                k_base, s_base, i)
+                self.issue_unit(mKVScale, mKV, u_begin + i < u_end, i_p, n_act, i_begin, i_end, tidx, k_base,
+                                s_base, i)
                 i_p = i_p + 1
                 if i_p == pages:
                     i_p = 0
                     i_row = i_row + 1
+                    i_begin, i_end = self.group_bounds(mStarts, mEnds, mKV, active, i_row,
+                                                       u_begin + i + 1 < u_end)
         cur_row = Int32(-1)
         valid_begin = Int32(0)                         # the row group's earliest valid begin
         valid_end = Int32(0)                           # the row group's furthest valid end
@@ -185,12 +189,14 @@ class WgmmaLogits(LogitsKernel):
                         blk = cute.arch.shuffle_sync(rBt0, v - bt_base)
                         self.issue_page(mKV, blk, tidx, k_dst, s_dst, sBlk, (i + nstage - 1) % nstage)
                     else:
-                        self.issue_unit(mKVScale, mStarts, mEnds, mKV, u + nstage - 1 < u_end, i_row, i_p, n_act,
-                                        active, tidx, k_base, s_base, (i + nstage - 1) % nstage)
+                        self.issue_unit(mKVScale, mKV, u + nstage - 1 < u_end, i_p, n_act, i_begin, i_end, tidx,
+                                        k_base, s_base, (i + nstage - 1) % nstage)
                         i_p = i_p + 1
                         if i_p == pages:
                             i_p = 0
                             i_row = i_row + 1
+                            i_begin, i_end = self.group_bounds(mStarts, mEnds, mKV, active, i_row,
+                                                               u + nstage < u_end)
                     page_lo = p * PAGE_SIZE
                     if p < n_act:
                         # this lane's output: token g + 8 (tig % 2) of the warp tile, row my_r
@@ -258,19 +264,27 @@ class WgmmaLogits(LogitsKernel):
 
     # ---- contiguous K ----------------------------------------------------------------------
     @cute.jit
-    def issue_unit(self, mKVScale, mStarts, mEnds, mKV, live, grp, p, n_act, active, tidx, k_base, s_base,
-                   b: cutlass.Constexpr):
-        """Copy unit (row group, page) into stage b: only tokens inside the union of the group's
-        row ranges and kv (the other rows of the tile keep stale bytes; no logit of theirs is
-        written, and each row masks the union down to its own range). Always commits one group."""
+    def group_bounds(self, mStarts, mEnds, mKV, active, grp, live):
+        """The union [begin, end) of row group grp's ranges, clipped to kv and the width; the empty
+        range when not live (past the CTA's units: grp may lie past the rows)."""
+        begin = Int32(0x7FFFFFFF)
+        end = Int32(0)
         if live:
-            page_lo = p * PAGE_SIZE
-            begin = Int32(0x7FFFFFFF)
-            end = Int32(0)
             for r in cutlass.range_constexpr(self.rows_per_unit):
                 begin = cutlass.min(begin, cutlass.max(mStarts[grp * self.rows_per_unit + r], 0))
                 end = cutlass.max(end, cutlass.min(cutlass.min(mEnds[grp * self.rows_per_unit + r], mKV.shape[0]),
                                                    active))
+        return begin, end
+
+    @cute.jit
+    def issue_unit(self, mKVScale, mKV, live, p, n_act, begin, end, tidx, k_base, s_base, b: cutlass.Constexpr):
+        """Copy unit (row group, page p) into stage b: only tokens inside [begin, end), the union of
+        the group's row ranges and kv (the other tokens of the tile, K bytes and scales, keep stale
+        values; no logit of theirs is written, and each row masks the union down to its own range).
+        The scales come by cp.async too: a plain load would hold the warp before the page's math.
+        Always commits one group."""
+        if live:
+            page_lo = p * PAGE_SIZE
             if p < n_act and page_lo < end and page_lo + PAGE_SIZE > begin:
                 for k in cutlass.range_constexpr(4):
                     x = tidx + self.num_threads * k
@@ -282,10 +296,7 @@ class WgmmaLogits(LogitsKernel):
                                     mKV.iterator.toint() + Int64(tok) * HEAD_DIM + c * 16)
                 if tidx < PAGE_SIZE:
                     tok = page_lo + tidx
-                    sc = Float32(0.0)
                     if tok < end:
-                        sc = mKVScale[tok]
-                    sS = cute.make_tensor(cute.make_ptr(Float32, s_base + b * PAGE_SIZE * 4, cute.AddressSpace.smem,
-                                                        assumed_align=16), cute.make_layout(PAGE_SIZE))
-                    sS[tidx] = sc
+                        cp_async_4(s_base + (b * PAGE_SIZE + tidx) * 4,
+                                   mKVScale.iterator.toint() + Int64(tok) * 4)
         cute.arch.cp_async_commit_group()
