@@ -294,19 +294,28 @@ class Fp8Scorer:
     def relu_weighted_sums(self, acc, rWs, rS: cute.Tensor, tig: Int32) -> Float32:
         """From the m64n(Hi x rows)k32 accumulators (rows = len(rWs), 1 or 2): sum_h w[r, h] relu(acc)
         times the token's K scale. Lane tig of a quad returns token g + 8 (tig % 2) of row
-        (tig // 2) % rows: the quad's partial sums are reduced "transposed", each shuffle round halving
-        the values a lane keeps instead of every lane summing all of them."""
-        rows = len(rWs)
+        (tig // 2) % rows (see quad_reduce)."""
         v = []                                   # per (row, token g / g + 8): this lane's partial sum
-        for r in cutlass.range_constexpr(rows):
-            # two partial sums per token (one per accumulator column): independent FFMA chains
-            p = [Float32(0.0)] * 4              # (token g, col 0), (g, 1), (g + 8, 0), (g + 8, 1)
-            for j in cutlass.range_constexpr(self.num_heads // 8):
-                n = r * (self.num_heads // 8) + j       # n-tile of head group j of row r
-                for e in cutlass.range_constexpr(4):
-                    p[e] = p[e] + cute.arch.fmax(fence_f32(acc[4 * n + e]), Float32(0.0)) * rWs[r][j, e % 2]
-            v.append(p[0] + p[1])
-            v.append(p[2] + p[3])
+        for r in cutlass.range_constexpr(len(rWs)):
+            v.extend(self.row_partials(acc, r * (self.num_heads // 8), rWs[r]))
+        return self.quad_reduce(v, rS, tig)
+
+    @cute.jit
+    def row_partials(self, acc, n0: cutlass.Constexpr, rW: cute.Tensor):
+        """This lane's sum_h w[h] relu(acc) over one row's Hi heads, the n-tiles n0 .. n0 + Hi / 8 of
+        acc, for tokens g and g + 8 (two independent FFMA chains per token, one per column)."""
+        p = [Float32(0.0)] * 4                  # (token g, col 0), (g, 1), (g + 8, 0), (g + 8, 1)
+        for j in cutlass.range_constexpr(self.num_heads // 8):
+            for e in cutlass.range_constexpr(4):
+                p[e] = p[e] + cute.arch.fmax(fence_f32(acc[4 * (n0 + j) + e]), Float32(0.0)) * rW[j, e % 2]
+        return [p[0] + p[1], p[2] + p[3]]
+
+    @cute.jit
+    def quad_reduce(self, v, rS: cute.Tensor, tig: Int32) -> Float32:
+        """Reduce a quad's row_partials (v: 2 per row, rows 1 or 2) "transposed", each shuffle round
+        halving the values a lane keeps instead of every lane summing all of them; times the
+        token's K scale. Lane tig returns token g + 8 (tig % 2) of row (tig // 2) % rows."""
+        rows = len(v) // 2
         odd = (tig & 1) != 0
         # round 1 (lanes tig, tig ^ 1): keep this lane's token, hand over the other one
         keep = []

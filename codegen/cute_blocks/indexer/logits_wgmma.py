@@ -125,9 +125,9 @@ class WgmmaLogits(LogitsKernel):
             i_row = c_row
             i_p = c_p
             i_begin, i_end = self.group_bounds(mStarts, mEnds, mKV, active, i_row, u_begin < u_end)
+            srcs = self.unit_sources(mKVScale, mKV, k_base, s_base, tidx)
             for i in cutlass.range_constexpr(nstage - 1):
-                self.issue_unit(mKVScale, mKV, u_begin + i < u_end, i_p, n_act, i_begin, i_end, tidx, k_base,
-                                s_base, i)
+                self.issue_unit(srcs, u_begin + i < u_end, i_p, n_act, i_begin, i_end, tidx, i)
                 i_p = i_p + 1
                 if i_p == pages:
                     i_p = 0
@@ -189,8 +189,8 @@ class WgmmaLogits(LogitsKernel):
                         blk = cute.arch.shuffle_sync(rBt0, v - bt_base)
                         self.issue_page(mKV, blk, tidx, k_dst, s_dst, sBlk, (i + nstage - 1) % nstage)
                     else:
-                        self.issue_unit(mKVScale, mKV, u + nstage - 1 < u_end, i_p, n_act, i_begin, i_end, tidx,
-                                        k_base, s_base, (i + nstage - 1) % nstage)
+                        self.issue_unit(srcs, u + nstage - 1 < u_end, i_p, n_act, i_begin, i_end, tidx,
+                                        (i + nstage - 1) % nstage)
                         i_p = i_p + 1
                         if i_p == pages:
                             i_p = 0
@@ -277,26 +277,44 @@ class WgmmaLogits(LogitsKernel):
         return begin, end
 
     @cute.jit
-    def issue_unit(self, mKVScale, mKV, live, p, n_act, begin, end, tidx, k_base, s_base, b: cutlass.Constexpr):
+    def unit_sources(self, mKVScale, mKV, k_base, s_base, tidx):
+        """This thread's addresses for issue_unit at page 0, stage 0: its first K piece's swizzled
+        place and source, its scale's place and source (found once, outside the unit loop)."""
+        return (k_base + k_sw128(tidx // 8, tidx % 8), mKV.iterator.toint() + Int64(16 * tidx),
+                s_base + 4 * tidx, mKVScale.iterator.toint() + Int64(4 * tidx))
+
+    @cute.jit
+    def issue_unit(self, srcs, live, p, n_act, begin, end, tidx, b):
         """Copy unit (row group, page p) into stage b: only tokens inside [begin, end), the union of
         the group's row ranges and kv (the other tokens of the tile, K bytes and scales, keep stale
         values; no logit of theirs is written, and each row masks the union down to its own range).
         The scales come by cp.async too: a plain load would hold the warp before the page's math.
-        Always commits one group."""
+        Always commits one group. srcs: unit_sources.
+
+        Piece tidx + 128 k of the page is token tidx // 8 + 16 k, chunk tidx % 8: its source and
+        its swizzled place (k_sw128 only sees token % 8) both move 2048 bytes per k, so each is one
+        address per unit plus an immediate offset. A page wholly before `end` (all but a row's
+        last) copies without per-token predicates; the scales stay 4-byte copies (kv_scale is only
+        4-byte aligned)."""
         if live:
             page_lo = p * PAGE_SIZE
             if p < n_act and page_lo < end and page_lo + PAGE_SIZE > begin:
-                for k in cutlass.range_constexpr(4):
-                    x = tidx + self.num_threads * k
-                    m = x // 8
-                    c = x % 8
-                    tok = page_lo + m
-                    if tok < end:
-                        cp_async_16(k_base + b * K_STAGE_BYTES + k_sw128(m, c),
-                                    mKV.iterator.toint() + Int64(tok) * HEAD_DIM + c * 16)
-                if tidx < PAGE_SIZE:
-                    tok = page_lo + tidx
-                    if tok < end:
-                        cp_async_4(s_base + (b * PAGE_SIZE + tidx) * 4,
-                                   mKVScale.iterator.toint() + Int64(tok) * 4)
+                k_dst, kv_src, s_dst, sc_src = srcs
+                step = (self.num_threads // 8) * HEAD_DIM
+                dst = k_dst + b * K_STAGE_BYTES
+                src = kv_src + Int64(page_lo) * HEAD_DIM
+                sd = s_dst + b * (PAGE_SIZE * 4)
+                ss = sc_src + Int64(page_lo) * 4
+                if page_lo + PAGE_SIZE <= end:
+                    for k in cutlass.range_constexpr(PAGE_SIZE * 8 // self.num_threads):
+                        cp_async_16(dst + k * step, src + k * step)
+                    if tidx < PAGE_SIZE:
+                        cp_async_4(sd, ss)
+                else:
+                    tok = page_lo + tidx // 8
+                    for k in cutlass.range_constexpr(PAGE_SIZE * 8 // self.num_threads):
+                        if tok + k * (self.num_threads // 8) < end:
+                            cp_async_16(dst + k * step, src + k * step)
+                    if tidx < PAGE_SIZE and page_lo + tidx < end:
+                        cp_async_4(sd, ss)
         cute.arch.cp_async_commit_group()
