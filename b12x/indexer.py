@@ -167,6 +167,27 @@ class IndexerPlan(Plan):
         per_row = max(1, slots // max(rows, 1))
         return -(-tiles // min(tiles, per_row))
 
+    def batch_rows(self, held: int, width: int) -> int:
+        """Rows of one batch when the logits region holds `held` rows of `width`. On the wide
+        top-k's route (a row's CTAs resident together; slots = SMs x CTAs per SM, j CTAs a row when
+        slots // rows = j) a batch that leaves slots idle gives way to the largest count <= held
+        that fills them (slots // j, or whole waves of slots): 408 rows of 160K logits used 408 of
+        528 slots, 264 use all of them and the top-k took 3.4 -> 2.9 ms a prefill chunk
+        (docs/notes/indexer-logits.md). Fewer rows a batch cost the logits kernel nothing there."""
+        t = self.tiling
+        if width <= t["chunk"] or self.row_final(held, width) or held < 2:
+            return held
+        slots = self.num_sms * t["wide_min_ctas"]
+
+        def filled(n: int) -> float:
+            return n * (slots // n) / slots if n < slots else n / (-(-n // slots) * slots)
+
+        if filled(held) >= 0.9:
+            return held
+        fits = [n - n % 2 for n in ([slots // j for j in range(1, slots + 1)]
+                                    + [slots * m for m in range(1, held // slots + 1)])]
+        return max([n for n in fits if 2 <= n <= held and filled(n) >= 0.9], default=held)
+
     def use_fused(self, rows: int, width: int) -> bool:
         """The fused score+select path only when Caps.fused asks for it: logits then the wide-row
         top-k are faster wherever the fused path used to be chosen (docs/notes/topk.md)."""
@@ -232,7 +253,7 @@ class IndexerPlan(Plan):
         row_batch = 0
         if logits is None and "logits" in plan.regions:
             held = plan_logits_rows(caps)
-            row_batch = held if rows > held else 0
+            row_batch = plan.batch_rows(held, width) if rows > held else 0
             logits = _scratch.view(scratch, plan.regions["logits"], (min(rows, held), width))
         k = caps.topk if k is None else k
         require(isinstance(k, int) and 128 <= k <= caps.topk and k % 128 == 0,

@@ -94,6 +94,7 @@ def main() -> int:
         binds = [p.bind(scratch, q=s["q"], weights=s["w"], lengths=s["ends"], starts=s["starts"], width=n,
                         indices=o) for s, o in zip(sets, outs)]
         r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "logits_rows": caps.logits_rows,
+             "batch_rows": binds[0].row_batch,
              "scratch_mib": p.scratch_bytes() / 2 ** 20}
         outs[0].fill_(-7)
         ix.run_index_topk(binds[0], kv_cache=(sets[0]["kv"], sets[0]["sc"]))
@@ -103,7 +104,7 @@ def main() -> int:
                                      for b, s in zip(binds, sets)], replays=args.replays)
         # where our time goes: one batch of N rows (the last ones, the widest) scored, then
         # selected, by a plan that holds them all, scaled to the call's rows
-        nb = caps.logits_rows or rows
+        nb = binds[0].row_batch or rows          # the rows of one batch as run_index_topk runs them
         pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n))
         sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
         bb = [pb.bind(sb, q=s["q"][-nb:], weights=s["w"][-nb:], lengths=s["ends"][-nb:], starts=s["starts"][-nb:],
@@ -143,7 +144,7 @@ def main() -> int:
         pu = f"{r['peer_us']:9.0f}" if r["peer_us"] else na
         pm = f"{r['peer_bytes_mib']:7.0f}" if r["peer_bytes_mib"] else f"{'n/a':>7}"
         ra = f"{r['ratio']:9.2f}" if r["ratio"] else na
-        print(f"{r['rows']:>5} {r['ctx']:>8} {r['c']:>3} {r['width']:>7} | {r['logits_rows']:>4} "
+        print(f"{r['rows']:>5} {r['ctx']:>8} {r['c']:>3} {r['width']:>7} | {r['batch_rows'] or r['logits_rows']:>4} "
               f"{r['scratch_mib']:11.0f} {r['ours_us']:9.0f} {r['ours_logits_us']:8.0f} {r['ours_topk_us']:7.0f} | "
               f"{pl} {pu} {pm} | {ra}")
     if args.json:

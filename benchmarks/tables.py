@@ -79,7 +79,8 @@ def indexer_prefill_table(data: dict) -> str:
     out = []
     for r in sorted(data["rows"], key=lambda r: (r["rows"], r["ctx"])):
         peer = r.get("peer_us")
-        out.append([str(r["rows"]), str(r["ctx"]), str(r["c"]), str(r["width"]), str(r["logits_rows"]),
+        n = r.get("batch_rows") or r["logits_rows"]       # rows a batch (older runs: the region's)
+        out.append([str(r["rows"]), str(r["ctx"]), str(r["c"]), str(r["width"]), str(n),
                     _f(r["scratch_mib"], ".0f"), _f(r["ours_logits_us"] / 1e3, ".2f"), _f(r["ours_topk_us"] / 1e3, ".2f"),
                     _f(r["ours_us"] / 1e3, ".2f"), _f(r.get("peer_logits_us") and r["peer_logits_us"] / 1e3, ".2f"),
                     _f(peer and peer / 1e3, ".2f"), _f(r.get("peer_bytes_mib"), ".0f"),

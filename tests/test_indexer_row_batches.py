@@ -78,3 +78,22 @@ def test_scratch_of_a_long_prefill_is_bounded():
     p = _plan(max_rows=4096, max_width=163840, logits_rows=ix.logits_rows_for(256 << 20, 163840, 4096))
     assert p.caps.logits_rows == 408 and p.scratch_bytes() <= 512 << 20
     assert _plan(max_rows=4096, max_width=163840).scratch_bytes() > 3 << 30
+
+
+@pytest.mark.parametrize("width,held,batch", [
+    (163840, 408, 264),     # 408 rows (1 CTA each) would leave 120 of the 528 wide top-k slots idle
+    (163840, 640, 528),     # past one wave: whole waves
+    (262144, 256, 256),     # 2 CTAs a row: 512 of 528 slots, kept
+    (163840, 64, 64),       # 8 CTAs a row: 512 of 528, kept
+    (32768, 2048, 2048),    # one CTA a row (row_final), not the wide route: kept
+])
+def test_row_batches_fill_the_wide_topk_wave(width, held, batch):
+    """The batch a binding runs: the region's rows, or fewer that fill the top-k's resident slots."""
+    p = _plan(mode="contiguous", max_rows=4096, max_width=width, logits_rows=held)
+    n = 4096
+    kv_len = torch.full((n,), width, dtype=torch.int32)
+    b = p.bind(torch.zeros(p.scratch_bytes(), dtype=torch.uint8), lengths=kv_len,
+               starts=torch.zeros(n, dtype=torch.int32), q=torch.zeros(n, 64, 128, dtype=torch.float8_e4m3fn),
+               weights=torch.zeros(n, 64), width=width)
+    assert b.row_batch == batch and b.logits.shape == (held, width)
+    assert batch <= held and batch % 2 == 0
