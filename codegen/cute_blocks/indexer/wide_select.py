@@ -32,7 +32,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from .select import BINS, RadixSelectMixin, bits_f32, row_bounds, score_to_key, write_winner
 
-HIT_TILES = 16                   # tiles per CTA whose hit masks step 2 keeps for step 3
+SMEM_PER_SM = {"sm_90a": 228 << 10, "sm_120a": 100 << 10}   # shared memory an SM can hold
 
 
 @cute.jit
@@ -74,13 +74,15 @@ class WideChunk(RadixSelectMixin):
     """The three steps above for one CTA's tiles; grid (ceil(tiles / tiles_per_cta), rows)."""
 
     def __init__(self, tile: int, num_threads: int, min_ctas: int, bits: int, max_width: int, tie_cap: int,
-                 count_backwards: bool):
+                 count_backwards: bool, hit_tiles: int, arch: str):
         """tile: logits per tile (a multiple of num_threads); min_ctas: resident CTAs per SM (the
         planner's wave); bits: top key bits of the row histogram; max_width sizes the per-CTA tile
         table; tie_cap: keys of the threshold bin the tie buffer holds. count_backwards: step 2 goes
         over the tiles last to first (the ones step 1 read last are the likeliest still in L2, and
         step 3, first to last, then starts on the ones read last here; sm_90a: forward elsewhere,
-        where the reversed loop spills at the 64-register cap)."""
+        where the reversed loop spills at the 64-register cap). hit_tiles: tiles per CTA whose hit
+        masks step 2 keeps for step 3 (a tile past them is read whole a third time). The shared
+        memory of min_ctas CTAs must fit the SM: the row-wide waits need them resident together."""
         self.tile = tile
         self.num_threads = num_threads
         self.num_warps = num_threads // 32
@@ -92,6 +94,11 @@ class WideChunk(RadixSelectMixin):
         self.max_tiles = (max_width + tile - 1) // tile
         self.tie_cap = tie_cap
         self.count_backwards = count_backwards
+        self.hit_tiles = hit_tiles
+        smem = 4 * (self.hist_bins + self.max_tiles * self.num_warps * 2 + hit_tiles * self.num_warps * self.per_lane
+                    + 2 * self.num_warps + 8) + 4 * 16 + 1024     # + alignment, + the CTA's reserved 1 KB
+        assert min_ctas * smem <= SMEM_PER_SM[arch], (arch, min_ctas, smem)
+        self.carveout = min(100, -(-100 * min_ctas * smem // SMEM_PER_SM[arch]) + 1)
         self.sync_arrive = self.hist_bins          # mHist[row, sync_*]: the row's sync words
         self.sync_ready = self.hist_bins + 1
         self.sync_counted = self.hist_bins + 2
@@ -132,7 +139,7 @@ class WideChunk(RadixSelectMixin):
         class SharedStorage:
             sHist: cute.struct.Align[cute.struct.MemRange[Int32, self.hist_bins], 16]
             sCnt: cute.struct.Align[cute.struct.MemRange[Int32, self.max_tiles * self.num_warps * 2], 16]
-            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, HIT_TILES * self.num_warps * self.per_lane], 16]
+            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, self.hit_tiles * self.num_warps * self.per_lane], 16]
             sState: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.num_warps + 8], 16]
 
         tiles = (mLogits.shape[1] + self.tile - 1) // self.tile
@@ -141,7 +148,7 @@ class WideChunk(RadixSelectMixin):
             mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mHist, mCnt, mState, mTieKey, mTiePos, mIdx, mScores,
             k, ratio, has_starts, has_active_width, physical, rows_per_req, tiles_per_cta, SharedStorage,
         ).launch(grid=(ctas, mIdx.shape[0], 1), block=[self.num_threads, 1, 1], stream=stream,
-                 min_blocks_per_mp=self.min_ctas, preferred_smem_carveout=50)
+                 min_blocks_per_mp=self.min_ctas, preferred_smem_carveout=self.carveout)
 
     @cute.kernel
     def kernel(
@@ -157,7 +164,7 @@ class WideChunk(RadixSelectMixin):
         storage = smem.allocate(SharedStorage)
         sHist = storage.sHist.get_tensor(cute.make_layout(self.hist_bins))
         sCnt = storage.sCnt.get_tensor(cute.make_layout((2, self.num_warps, self.max_tiles)))
-        sHit = storage.sHit.get_tensor(cute.make_layout((self.per_lane, self.num_warps, HIT_TILES)))
+        sHit = storage.sHit.get_tensor(cute.make_layout((self.per_lane, self.num_warps, self.hit_tiles)))
         sState = storage.sState.get_tensor(cute.make_layout(2 * self.num_warps + 8))
         tiles = (mLogits.shape[1] + self.tile - 1) // self.tile
         ctas = (tiles + tiles_per_cta - 1) // tiles_per_cta
@@ -297,7 +304,7 @@ class WideChunk(RadixSelectMixin):
     def count_tile(self, gRow, sHit, t: Int32, base: Int32, lo: Int32, hi: Int32, warp: Int32, lane: Int32, rKeys,
                    bin_t: Int32, full: cutlass.Constexpr) -> Int32:
         """The warp's keys above T (low 16 bits) and in T (high 16 bits), in every lane; the
-        ballots of keys >= T go to sHit for the first HIT_TILES tiles."""
+        ballots of keys >= T go to sHit for the first self.hit_tiles tiles."""
         self.load_keys(gRow, base, lo, hi, lane, rKeys, full)
         packed = Int32(0)
         for j in cutlass.range_constexpr(self.per_lane):
@@ -309,7 +316,7 @@ class WideChunk(RadixSelectMixin):
                 if d == bin_t:
                     packed = packed + (1 << 16)
             m = Uint32(cute.arch.vote_ballot_sync(live and d >= bin_t))
-            if lane == 0 and t < HIT_TILES:
+            if lane == 0 and t < self.hit_tiles:
                 sHit[j, warp, t] = m
         for s in cutlass.range_constexpr(5):
             packed = packed + cute.arch.shuffle_sync_bfly(packed, offset=1 << s)
@@ -319,7 +326,7 @@ class WideChunk(RadixSelectMixin):
     def hit_mask(self, sHit, t: Int32, warp: Int32, j: cutlass.Constexpr) -> Uint32:
         """Lanes of step j holding a key >= T (every lane past the recorded tiles)."""
         m = Uint32(0xFFFFFFFF)
-        if t < HIT_TILES:
+        if t < self.hit_tiles:
             m = sHit[j, warp, t]
         return m
 
