@@ -563,7 +563,9 @@ def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
     threshold bin -> ranked writes) and the per-row tie pass (see topk.py.j2)."""
     hist, args = _wide_args(b, num_blocks)
     hist.zero_()        # the sync words must start at zero on every call; a memset node under capture
-    kernels["wide_chunk"](*args)
+    t = b.plan.tiling
+    long = t["wide_long_hit_tiles"] and b.plan.wide_tiles_per_cta(b.rows, b.width) > t["wide_hit_tiles"]
+    kernels["wide_chunk_long" if long else "wide_chunk"](*args)
     kernels["wide_ties"](*args)
 
 

@@ -32,14 +32,17 @@ def topk_tiling(arch: str) -> dict:
     bins:      radix digit histogram (11-bit digits: 3 passes cover 32-bit keys).
     wide_*:    rows wider than `chunk`: logits per tile, CTA size, resident CTAs per SM and
                histogram bits of the threshold kernel; tie_cap keys of the threshold bin fit one
-               CTA's shared memory. wide_hit_tiles: tiles per CTA whose hit masks are kept (sm_90a: 32,
-               every tile of a 262144-entry row over two CTAs). sm_120a's 100 KB an SM hold three CTAs."""
+               CTA's shared memory. wide_hit_tiles: tiles per CTA whose hit masks are kept;
+               wide_long_hit_tiles (sm_90a): those of wide_chunk_long, the variant for CTAs with more
+               tiles than that (prefill batches: 32 tiles a CTA at 256 rows x 262144), 8 KB more
+               shared memory a CTA. sm_120a's 100 KB an SM hold three CTAs."""
     chunk = 16384 if arch == "sm_90a" else 8192
     return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
             "row_chunk": 32768 if arch == "sm_90a" else 0, "row_threads": 1024, "row_min_rows": 64,
             "fused_chunk": 8192, "fused_warps": 16,
             "wide_tile": 4096, "wide_threads": 256, "wide_bits": 12,
-            "wide_min_ctas": 4 if arch == "sm_90a" else 3, "wide_hit_tiles": 32 if arch == "sm_90a" else 16,
+            "wide_min_ctas": 4 if arch == "sm_90a" else 3, "wide_hit_tiles": 16,
+            "wide_long_hit_tiles": 32 if arch == "sm_90a" else 0,
             "tie_cap": chunk}
 
 

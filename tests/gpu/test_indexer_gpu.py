@@ -148,6 +148,18 @@ def test_contiguous_logits(heads, rows):
 
 
 # ---- top-k ----------------------------------------------------------------------------------------
+def check_topk_exact_and_repeatable(b, logits, k, ends):
+    """run_topk's sets against the torch reference, then bit for bit the same on a second run."""
+    idx, scores = ix.run_topk(b)
+    torch.cuda.synchronize()
+    ref_idx, _ = topk_reference(logits, k, ends)
+    check_topk_sets(idx, scores, ref_idx, logits)
+    idx1, sc1 = idx.clone(), scores.clone()
+    ix.run_topk(b)
+    torch.cuda.synchronize()
+    assert torch.equal(idx, idx1) and torch.equal(scores, sc1)
+
+
 def distinct_logits(rows, width, seed):
     """Distinct scores (a random permutation), some rows shorter than K, one empty row."""
     g = _gen(seed)
@@ -170,15 +182,7 @@ def test_topk_matches_torch(k, width):
     ends[2] = 0                         # empty row
     p = make_plan(k=k, rows=rows, width=max(width, 1))
     b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
-    idx, scores = ix.run_topk(b)
-    torch.cuda.synchronize()
-    ref_idx, _ = topk_reference(logits, k, ends)
-    check_topk_sets(idx, scores, ref_idx, logits)
-    # deterministic run to run, bit for bit
-    idx1, sc1 = idx.clone(), scores.clone()
-    ix.run_topk(b)
-    torch.cuda.synchronize()
-    assert torch.equal(idx, idx1) and torch.equal(scores, sc1)
+    check_topk_exact_and_repeatable(b, logits, k, ends)
 
 
 @pytest.mark.parametrize("k", (512, 2048))
@@ -198,6 +202,24 @@ def test_topk_row_final_many_rows(k, width):
     torch.cuda.synchronize()
     ref_idx, _ = topk_reference(logits, k, ends)
     check_topk_sets(idx, scores, ref_idx, logits)
+
+
+@pytest.mark.parametrize("k", (512, 2048))
+def test_topk_wide_chunk_long(k):
+    """Prefill-sized batches (264 rows x 163840) give each wide-top-k CTA 20 tiles, more than
+    wide_chunk keeps hit masks for: wide_chunk_long (sm_90a) selects them, the same exact sets,
+    short and empty rows included, and bit for bit run to run."""
+    rows, width = 264, 163840
+    p = make_plan(k=k, rows=rows, width=width)
+    t = p.tiling
+    if not t["wide_long_hit_tiles"]:
+        pytest.skip("wide_chunk_long is sm_90a's")
+    assert not p.row_final(rows, width) and p.wide_tiles_per_cta(rows, width) > t["wide_hit_tiles"]
+    logits = distinct_logits(rows, width, seed=k + 7)
+    ends = torch.randint(0, width + 1, (rows,), device="cuda", generator=_gen(k + 7), dtype=torch.int32)
+    ends[0], ends[1], ends[2] = width, min(width, k // 2), 0
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    check_topk_exact_and_repeatable(b, logits, k, ends)
 
 
 @pytest.mark.parametrize("k", (128, 384, 2048))
