@@ -558,14 +558,19 @@ def _wide_args(b: Binding, num_blocks: int | None = None) -> tuple[torch.Tensor,
                   _physical(b, b.num_blocks if num_blocks is None else num_blocks), b.rows_per_req, tpc)
 
 
+def _wide_chunk_entry(b: Binding) -> str:
+    """wide_chunk, or wide_chunk_long where a CTA has more tiles than wide_chunk keeps hit masks for."""
+    t = b.plan.tiling
+    long = t["wide_long_hit_tiles"] and b.plan.wide_tiles_per_cta(b.rows, b.width) > t["wide_hit_tiles"]
+    return "wide_chunk_long" if long else "wide_chunk"
+
+
 def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
     """Rows wider than one chunk: zeroed histogram and sync words, then the chunk CTAs (histogram ->
     threshold bin -> ranked writes) and the per-row tie pass (see topk.py.j2)."""
     hist, args = _wide_args(b, num_blocks)
     hist.zero_()        # the sync words must start at zero on every call; a memset node under capture
-    t = b.plan.tiling
-    long = t["wide_long_hit_tiles"] and b.plan.wide_tiles_per_cta(b.rows, b.width) > t["wide_hit_tiles"]
-    kernels["wide_chunk_long" if long else "wide_chunk"](*args)
+    kernels[_wide_chunk_entry(b)](*args)
     kernels["wide_ties"](*args)
 
 
