@@ -172,8 +172,8 @@ class IndexerPlan(Plan):
         top-k's route (a row's CTAs resident together; slots = SMs x CTAs per SM, j CTAs a row when
         slots // rows = j) a batch that leaves slots idle gives way to the largest count <= held
         that fills them (slots // j, or whole waves of slots): 408 rows of 160K logits used 408 of
-        528 slots, 264 use all of them and the top-k took 3.4 -> 2.9 ms a prefill chunk
-        (docs/notes/indexer-logits.md). Fewer rows a batch cost the logits kernel nothing there."""
+        528 slots, 264 use all of them. Fewer rows a batch cost the logits kernel nothing there
+        (docs/notes/indexer-logits.md)."""
         t = self.tiling
         if width <= t["chunk"] or self.row_final(held, width) or held < 2:
             return held
