@@ -158,13 +158,17 @@ class IndexerPlan(Plan):
         t = self.tiling
         return t["chunk"] < width <= t["row_chunk"] and rows >= t["row_min_rows"]
 
+    @property
+    def wide_slots(self) -> int:
+        """Wide top-k CTAs resident at once: the one wave its grid must fit (SMs x CTAs per SM)."""
+        return self.num_sms * self.tiling["wide_min_ctas"]
+
     def wide_tiles_per_cta(self, rows: int, width: int) -> int:
         """Tiles per wide top-k CTA: the fewest that keep the grid within one wave of resident
         CTAs (the CTAs of a row wait for each other, so they must all be resident)."""
         t = self.tiling
         tiles = -(-width // t["wide_tile"])
-        slots = self.num_sms * t["wide_min_ctas"]
-        per_row = max(1, slots // max(rows, 1))
+        per_row = max(1, self.wide_slots // max(rows, 1))
         return -(-tiles // min(tiles, per_row))
 
     def batch_rows(self, held: int, width: int) -> int:
@@ -177,7 +181,7 @@ class IndexerPlan(Plan):
         t = self.tiling
         if width <= t["chunk"] or self.row_final(held, width) or held < 2:
             return held
-        slots = self.num_sms * t["wide_min_ctas"]
+        slots = self.wide_slots
 
         def filled(n: int) -> float:
             return n * (slots // n) / slots if n < slots else n / (-(-n // slots) * slots)

@@ -59,7 +59,8 @@ def main() -> None:
 
         ix.run_topk(binds[0])
         torch.cuda.synchronize()
-        chunk_ms = time_rotated([lambda b=b: (hist.zero_(), _wide_call(b, kernels, ix._wide_chunk_entry(b))) for b in binds])
+        chunk_ms = time_rotated([lambda b=b: (hist.zero_(), _wide_call(b, kernels, ix._wide_chunk_entry(b)))
+                                 for b in binds])
         ties = time_rotated([lambda b=b: _wide_call(b, kernels, "wide_ties") for b in binds])
         tt = time_rotated([lambda lg=lg: torch.topk(lg, 2048, dim=-1) for lg in sets])
         print(f"{rows:5d} {width:7d} {tpc:4d} | {memset:7.1f} {chunk_ms:8.1f} {ties:7.1f} {full:8.1f} {tt:7.1f}",

@@ -95,8 +95,12 @@ class WideChunk(RadixSelectMixin):
         self.tie_cap = tie_cap
         self.count_backwards = count_backwards
         self.hit_tiles = hit_tiles
-        smem = 4 * (self.hist_bins + self.max_tiles * self.num_warps * 2 + hit_tiles * self.num_warps * self.per_lane
-                    + 2 * self.num_warps + 8) + 4 * 16 + 1024     # + alignment, + the CTA's reserved 1 KB
+        # 4-byte words of the shared-memory regions (SharedStorage in launch)
+        self.cnt_words = self.max_tiles * self.num_warps * 2
+        self.hit_words = hit_tiles * self.num_warps * self.per_lane
+        self.state_words = 2 * self.num_warps + 8
+        # bytes a CTA takes: the regions, their 16-byte alignment, the 1 KB the SM reserves a CTA
+        smem = 4 * (self.hist_bins + self.cnt_words + self.hit_words + self.state_words) + 4 * 16 + 1024
         assert min_ctas * smem <= SMEM_PER_SM[arch], (arch, min_ctas, smem)
         self.carveout = min(100, -(-100 * min_ctas * smem // SMEM_PER_SM[arch]) + 1)
         self.sync_arrive = self.hist_bins          # mHist[row, sync_*]: the row's sync words
@@ -138,9 +142,9 @@ class WideChunk(RadixSelectMixin):
         @cute.struct
         class SharedStorage:
             sHist: cute.struct.Align[cute.struct.MemRange[Int32, self.hist_bins], 16]
-            sCnt: cute.struct.Align[cute.struct.MemRange[Int32, self.max_tiles * self.num_warps * 2], 16]
-            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, self.hit_tiles * self.num_warps * self.per_lane], 16]
-            sState: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.num_warps + 8], 16]
+            sCnt: cute.struct.Align[cute.struct.MemRange[Int32, self.cnt_words], 16]
+            sHit: cute.struct.Align[cute.struct.MemRange[Uint32, self.hit_words], 16]
+            sState: cute.struct.Align[cute.struct.MemRange[Int32, self.state_words], 16]
 
         tiles = (mLogits.shape[1] + self.tile - 1) // self.tile
         ctas = (tiles + tiles_per_cta - 1) // tiles_per_cta
