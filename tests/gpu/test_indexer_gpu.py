@@ -258,6 +258,50 @@ def test_topk_wide_rows_with_starts(width):
         torch.testing.assert_close(scores[r, :n], logits[r, got])
 
 
+def key_order_topk(logits: torch.Tensor, k: int) -> list:
+    """Per row, the k largest by the kernels' key order (the float order with -0.0 below +0.0,
+    positive NaNs above +inf and negative ones below -inf), equal keys by lowest position."""
+    bits = logits.contiguous().view(torch.int32).long()
+    key = torch.where(bits < 0, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+    pos = torch.arange(logits.shape[1], device=logits.device)
+    rank = key * (1 << 17) + ((1 << 17) - 1 - pos)
+    return [set(torch.topk(rank[r], k).indices.tolist()) for r in range(logits.shape[0])]
+
+
+def test_topk_wide_threshold_bins_at_the_edges():
+    """Wide rows whose threshold bin sits where the count pass's shortcuts change: +0.0 (with
+    -0.0 just below it), +inf, a negative threshold, NaNs of both signs, and a continuous row;
+    full and partial tiles (70000 logits). Sets against the key-order reference, twice."""
+    rows, width, k = 5, 70000, 2048
+    g = _gen(11)
+    logits = torch.randn(rows, width, device="cuda", generator=g)
+    perm = lambda: torch.randperm(width, device="cuda", generator=g)      # noqa: E731
+    p0 = perm()
+    logits[0] = -1.0 - torch.rand(width, device="cuda", generator=g)
+    logits[0, p0[:1000]] = 1.0 + torch.rand(1000, device="cuda", generator=g)
+    logits[0, p0[1000:4000]] = 0.0
+    logits[0, p0[4000:7000]] = -0.0
+    logits[1, perm()[:2500]] = float("inf")
+    logits[2] = logits[2] - 10.0                                           # every score negative
+    nan_pos = perm()[:200]
+    logits[4, nan_pos[:100]] = float("nan")
+    logits[4].view(torch.int32)[nan_pos[100:]] = -4194304                 # 0xFFC00000: a negative NaN
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    p = make_plan(k=k, rows=rows, width=width)
+    assert not p.row_final(rows, width) and width > p.tiling["chunk"]
+    b = ix.bind(p, scratch=scratch_for(p), lengths=ends, logits=logits, k=k)
+    want = key_order_topk(logits, k)
+    first = None
+    for _ in range(2):
+        idx, scores = ix.run_topk(b)
+        torch.cuda.synchronize()
+        for r in range(rows):
+            assert set(idx[r].tolist()) == want[r], f"row {r}: {len(set(idx[r].tolist()) ^ want[r])} differ"
+            torch.testing.assert_close(scores[r], logits[r, idx[r].long()], equal_nan=True)
+        first = (idx.clone(), scores.clone()) if first is None else first
+    assert torch.equal(first[0], idx)
+
+
 @pytest.mark.parametrize("k", (128, 2048))
 def test_topk_wide_row_of_equal_scores(k):
     """Every score equal: the threshold bin holds the whole row, more than the tie buffer, so the

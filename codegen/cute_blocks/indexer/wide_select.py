@@ -213,6 +213,11 @@ class WideChunk(RadixSelectMixin):
         cute.arch.sync_threads()
         bin_t = load_gpu(mState, row, 0)
         keep_ties = load_gpu(mState, row, 2) <= self.tie_cap
+        # T among the non-negative scores (below the top bin): full tiles count on the raw bits
+        # (count_tile_raw), the thresholds as signed ints
+        raw = bin_t >= self.hist_bins // 2 and bin_t < self.hist_bins - 1
+        lo_s = (bin_t - self.hist_bins // 2) << self.shift
+        hi_s = lo_s + (1 << self.shift)
 
         # 2. keys above T and in T per (tile, warp); the CTA's totals are published.
         # (last to first with count_backwards, see __init__)
@@ -221,7 +226,10 @@ class WideChunk(RadixSelectMixin):
             base, lo, hi = self.tile_span(t0 + t, warp, start, end)
             packed = Int32(0)
             if hi - lo == self.tile:
-                packed = self.count_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, bin_t, True)
+                if raw:
+                    packed = self.count_tile_raw(gRow, sHit, t, base, warp, lane, rKeys, lo_s, hi_s)
+                else:
+                    packed = self.count_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, bin_t, True)
             elif hi > lo:
                 packed = self.count_tile(gRow, sHit, t, base, lo, hi, warp, lane, rKeys, bin_t, False)
             if lane == 0:
@@ -325,6 +333,32 @@ class WideChunk(RadixSelectMixin):
         for s in cutlass.range_constexpr(5):
             packed = packed + cute.arch.shuffle_sync_bfly(packed, offset=1 << s)
         return packed
+
+    @cute.jit
+    def count_tile_raw(self, gRow, sHit, t: Int32, base: Int32, warp: Int32, lane: Int32, rKeys, lo_s: Int32,
+                       hi_s: Int32) -> Int32:
+        """count_tile of a full tile when T's keys are non-negative scores: for those, key >= K
+        exactly when the raw bits, as a signed int, are >= K ^ 2^31 (a negative score's bits are
+        negative ints; -0.0 sorts below +0.0 as in the keys; NaNs as their keys do), so each key
+        is two compares, with no key transform or digit. lo_s / hi_s: T's first key and the next
+        bin's, so transformed ((T - bins / 2) << shift). Counts keys >= T (high half) and above T (low half) per lane, and
+        returns count_tile's encoding."""
+        for j in cutlass.range_constexpr(self.per_lane):
+            rKeys[j] = gRow[base + j * 32 + lane]
+        packed = Int32(0)
+        for j in cutlass.range_constexpr(self.per_lane):
+            v = Int32(rKeys[j])
+            ge = v >= lo_s
+            if ge:
+                packed = packed + (1 << 16)
+            if v >= hi_s:
+                packed = packed + 1
+            m = Uint32(cute.arch.vote_ballot_sync(ge))
+            if lane == 0 and t < self.hit_tiles:
+                sHit[j, warp, t] = m
+        for s in cutlass.range_constexpr(5):
+            packed = packed + cute.arch.shuffle_sync_bfly(packed, offset=1 << s)
+        return packed - ((packed & Int32(0xFFFF)) << Int32(16))
 
     @cute.jit
     def hit_mask(self, sHit, t: Int32, warp: Int32, j: cutlass.Constexpr) -> Uint32:
