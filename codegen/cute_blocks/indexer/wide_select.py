@@ -160,6 +160,9 @@ class WideChunk(RadixSelectMixin):
         k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32, physical: Int32,
         rows_per_req: Int32, tiles_per_cta: Int32, SharedStorage: cutlass.Constexpr,
     ):
+        # wide_ties may be scheduled now: every CTA of this grid is resident (one wave) once all
+        # have passed here, and wide_ties waits for this grid to finish before it reads anything
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         cta, row, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -480,12 +483,16 @@ class WideTies(RadixSelectMixin):
 
         self.kernel(mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
                     k, ratio, has_starts, has_active_width, physical, rows_per_req,
-                    SharedStorage).launch(grid=(mIdx.shape[0], 1, 1), block=[self.num_threads, 1, 1], stream=stream)
+                    SharedStorage).launch(grid=(mIdx.shape[0], 1, 1), block=[self.num_threads, 1, 1], stream=stream,
+                                          use_pdl=True)
 
     @cute.kernel
     def kernel(self, mLogits, mStarts, mEnds, mActiveWidth, mBlockTable, mState, mTieKey, mTiePos, mIdx, mScores,
                k: Int32, ratio: Int32, has_starts: Int32, has_active_width: Int32,
                physical: Int32, rows_per_req: Int32, SharedStorage: cutlass.Constexpr):
+        # a programmatic dependent of wide_chunk: launched while its CTAs run, waits here for the
+        # grid to finish (its counts, state and tie buffer complete and visible)
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
