@@ -72,15 +72,21 @@ class Caps:
                              extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
 
 
-def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1) -> tuple[int, int]:
+def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
+               block_partial: float = 0.0) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
 
         waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
 
     waves counts rounds of rows * head_blocks * s CTAs over num_sms * ctas_per_sm slots (a CTA
     past the last full wave costs a whole extra round); the 1 is a CTA's fixed cost (Q load,
-    first gather, epilogue); the last term is the combine's traffic in partials. Ties go to
-    fewer splits."""
+    first gather, epilogue); the last term is the combine's traffic in partials. One split
+    writes none, so its term goes where a CTA's partial is a whole 64-head x 512-dim block
+    (block_partial >= 1, partial_size): there the term is that traffic, and V4's two-tile
+    sliding-window rows at 64 and 128 heads run faster whole (32 requests x 64 heads: 12.6
+    against 14.4 us at 2 splits). Smaller blocks keep it at one split too, where it was fitted
+    against the measured split counts (docs/notes/launch-and-splits.md). Ties go to fewer
+    splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -89,10 +95,16 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
         tps = -(-tiles // s)
         if -(-tiles // tps) != s:
             continue  # same tiles per split as a smaller s: no new plan
-        cost = -(-(ctas * s) // slots) * (1 + tps) + 0.01 * ctas * s
+        combine = 0.0 if s == 1 and block_partial >= 1 else 0.01 * ctas * s
+        cost = -(-(ctas * s) // slots) * (1 + tps) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
     return best[1], best[2] * PAGE
+
+
+def partial_size(num_heads: int, head_block: int, v_head_dim: int) -> float:
+    """A split CTA's partial o (its block's real heads x v_head_dim) over 64 x 512."""
+    return min(num_heads, head_block) * v_head_dim / (64 * 512)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +141,8 @@ class SparseMLAPlan(Plan):
         """split_plan's choice for this call, capped at the splits of the plan's widest row: the
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
-        s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm)
+        s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm,
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim))
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
@@ -178,7 +191,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
         # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
-        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm)[0] for r in range(1, rows + 1))
+        part = partial_size(h, head_block, d_v)
+        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm, part)[0] for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
                 f"Caps.max_splits: expected an int in [0, {MAX_SPLITS}] (0: the planner's splits), "
