@@ -81,12 +81,10 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     waves counts rounds of rows * head_blocks * s CTAs over num_sms * ctas_per_sm slots (a CTA
     past the last full wave costs a whole extra round); the 1 is a CTA's fixed cost (Q load,
     first gather, epilogue); the last term is the combine's traffic in partials. One split
-    writes none, so its term goes where a CTA's partial is a whole 64-head x 512-dim block
-    (block_partial >= 1, partial_size): there the term is that traffic, and V4's two-tile
-    sliding-window rows at 64 and 128 heads run faster whole (32 requests x 64 heads: 12.6
-    against 14.4 us at 2 splits). Smaller blocks keep it at one split too, where it was fitted
-    against the measured split counts (docs/notes/launch-and-splits.md). Ties go to fewer
-    splits."""
+    writes none, so the term is dropped there where a CTA's partial is a whole 64-head x
+    512-dim block (block_partial >= 1, partial_size), the size it stands for. Smaller blocks
+    keep it at one split, where the model was fitted to their measured split counts
+    (docs/notes/launch-and-splits.md). Ties go to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)

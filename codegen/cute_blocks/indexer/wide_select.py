@@ -344,8 +344,8 @@ class WideChunk(RadixSelectMixin):
         exactly when the raw bits, as a signed int, are >= K ^ 2^31 (a negative score's bits are
         negative ints; -0.0 sorts below +0.0 as in the keys; NaNs as their keys do), so each key
         is two compares, with no key transform or digit. lo_s / hi_s: T's first key and the next
-        bin's, so transformed ((T - bins / 2) << shift). Counts keys >= T (high half) and above T (low half) per lane, and
-        returns count_tile's encoding."""
+        bin's, so transformed ((T - bins / 2) << shift). Counts keys >= T (high half) and above
+        T (low half) per lane, and returns count_tile's encoding."""
         for j in cutlass.range_constexpr(self.per_lane):
             rKeys[j] = gRow[base + j * 32 + lane]
         packed = Int32(0)
