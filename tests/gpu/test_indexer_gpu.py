@@ -261,6 +261,7 @@ def test_topk_wide_rows_with_starts(width):
 def key_order_topk(logits: torch.Tensor, k: int) -> list:
     """Per row, the k largest by the kernels' key order (the float order with -0.0 below +0.0,
     positive NaNs above +inf and negative ones below -inf), equal keys by lowest position."""
+    assert logits.shape[1] <= 1 << 17, "positions share the rank with the 32-bit key: 17 bits"
     bits = logits.contiguous().view(torch.int32).long()
     key = torch.where(bits < 0, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
     pos = torch.arange(logits.shape[1], device=logits.device)
