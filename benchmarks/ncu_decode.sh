@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on one sparse MLA decode call (split + combine), for the perf notes:
 #   source .device-kit/setup.sh && bash benchmarks/ncu_decode.sh batch,heads,kv_format [...]
+# NCU_METRICS adds metrics (comma-separated) to the stall reasons; their lines are printed too.
 set -uo pipefail
 OUT=${OUT:-/tmp/b12x-out}
 mkdir -p "$OUT"
@@ -12,7 +13,7 @@ for case in "$@"; do
   IFS=, read -r batch heads fmt <<< "$case"
   ncu --clock-control none --kernel-name regex:Split --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis --metrics "${stalls%,}" \
+      --section MemoryWorkloadAnalysis --metrics "${stalls%,}${NCU_METRICS:+,$NCU_METRICS}" \
       python3 - "$batch" "$heads" "$fmt" > "$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt" 2>&1 <<'PY'
 import sys, torch
 sys.path.insert(0, ".")
@@ -33,5 +34,5 @@ torch.cuda.synchronize()
 print("splits", b.partial_o.shape[1])
 PY
   f="$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt"
-  grep -E "issue_stalled|Duration|Memory Throughput|DRAM Throughput|L2 Hit|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Issued Warp|Registers Per|splits" "$f" | head -50
+  grep -E "issue_stalled|L1/TEX Cache|Duration|Memory Throughput|DRAM Throughput|L2 Hit|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Issued Warp|Registers Per|splits${NCU_METRICS:+|${NCU_METRICS//,/|}}" "$f" | head -70
 done

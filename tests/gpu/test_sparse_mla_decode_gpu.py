@@ -81,18 +81,20 @@ def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-def test_page_strided_cache_view(kv_format):
-    case = random_case(4, 64, 1024, kv_format, seed=5, page_stride_pad=4096)
+@pytest.mark.parametrize("heads", (8, 64))
+def test_page_strided_cache_view(kv_format, heads):
+    case = random_case(4, heads, 1024, kv_format, seed=5, page_stride_pad=4096)
     assert not case.kv.is_contiguous()
     out, lse = run_ours(case, kv_format)
     check(case, out, lse)
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-def test_addresses_beyond_2gib(kv_format):
+@pytest.mark.parametrize("heads", (8, 16))
+def test_addresses_beyond_2gib(kv_format, heads):
     rec = 656 if kv_format == "fp8_ds_mla" else 1152
     blocks = (2**31) // (64 * rec) + 2048  # > 2 GiB of cache
-    small = random_case(3, 16, 512, kv_format, blocks=256, seed=9)
+    small = random_case(3, heads, 512, kv_format, blocks=256, seed=9)
     big = torch.empty((blocks,) + tuple(small.kv.shape[1:]), dtype=small.kv.dtype, device="cuda")
     big[-256:] = small.kv                  # the data lives past 2^31 bytes
     assert big[-256:].data_ptr() - big.data_ptr() > 2**31
@@ -108,8 +110,9 @@ def test_addresses_beyond_2gib(kv_format):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-def test_cuda_graph_capture_replay_without_allocation(kv_format):
-    rows, heads = 8, 32
+@pytest.mark.parametrize("heads", (8, 32))
+def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
+    rows = 8
     case = random_case(rows, heads, 2048, kv_format, seed=21)
     p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_batched=rows))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
@@ -135,6 +138,27 @@ def test_cuda_graph_capture_replay_without_allocation(kv_format):
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
     check(Case(case.q, case.kv, case.kv_ref, case.indices, case.lengths), out, b.lse)
+
+
+@pytest.mark.parametrize("heads", (8, 16, 64))
+def test_block_scales_and_q_magnitudes(heads):
+    """fp8_ds_mla's four 128-dim blocks at very different magnitudes (each token's scales
+    differ by 30x) and q heads from 1e-2 to 30 times randn, one head all zeros: a scale applied
+    to the wrong block, or q losing range or precision in the MMA operand type, shows here
+    (random_case's blocks all have about the same scale)."""
+    from b12x.reference import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+
+    g = torch.Generator(device="cuda").manual_seed(41 + heads)
+    k = torch.randn(64, 64, 576, device="cuda", generator=g)
+    k[..., :512] *= torch.tensor([0.1, 3.0, 1.0, 0.3], device="cuda").repeat_interleave(128)
+    case = random_case(6, heads, 1024, "fp8_ds_mla", seed=heads)
+    case.kv = quantize_fp8_ds_mla(k)
+    case.kv_ref = dequantize_fp8_ds_mla(case.kv)
+    mags = torch.logspace(-2, math.log10(30.0), heads, device="cuda")
+    mags[1] = 0.0
+    case.q = (case.q.float() * mags[None, :, None]).bfloat16()
+    out, lse = run_ours(case, "fp8_ds_mla")
+    check(case, out, lse)
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
