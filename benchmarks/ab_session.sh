@@ -4,6 +4,7 @@
 # On the build box: export the base commit and build its artifacts into its own cache, e.g.
 #   mkdir -p scratch/base && git archive <base> | tar -x -C scratch/base --exclude=generated
 #   (cd scratch/base && B12X_CACHE_DIR=$PWD/.cache/b12x PYTHONPATH=$PWD python -m codegen.cli build --preset sparse-mla-all)
+# (`--only decode_h8_,...` builds just the specs a bench needs, on both trees)
 # then carry scratch/ (git-ignored) with .device-kit and run on the GPU box, after
 # `source .device-kit/setup.sh`:
 #   bash benchmarks/ab_session.sh decode,extend,indexer      # logs and JSON under $OUT

@@ -105,11 +105,18 @@ class _Progress:
             print(("\r" if self.tty else "") + msg.ljust(100 if self.tty else 0), flush=True)
 
 
-def _build(preset: str, archs: str, jobs: int):
+def _build(preset: str, archs: str, jobs: int, only: str | None = None):
     from .build import build_specs
 
     p = get_preset(preset)
     specs = p.specs(parse_archs(archs))
+    if only:
+        # a part of a bundle (an A/B of one kernel, a benchmark's specs): names containing a fragment
+        frags = [f for f in only.split(",") if f]
+        specs = [s for s in specs if any(f in s.name for f in frags)]
+        if not specs:
+            raise PresetError(f"--only {only!r}: no spec of preset {p.name} for {archs} has a name containing "
+                              f"one of {frags}; `b12x-codegen list {p.name}` names them")
     cache = ArtifactCache()
     print(f"building preset {p.name}: {len(specs)} specs into {cache.root} with {jobs} job(s)", flush=True)
     results = build_specs(specs, cache, jobs=jobs, progress=_Progress())
@@ -123,7 +130,7 @@ def _build(preset: str, archs: str, jobs: int):
 
 
 def cmd_build(args) -> int:
-    _build(args.preset, args.arch, args.jobs)
+    _build(args.preset, args.arch, args.jobs, args.only)
     return 0
 
 
@@ -215,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         b.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
         b.add_argument("--jobs", type=_positive_int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="build worker processes (default: up to 4)")
+        if name == "build":
+            b.add_argument("--only", default=None,
+                           help="comma-separated name fragments: only the preset's specs whose name holds one")
         if name == "prewarm":
             b.add_argument("--max-rows", type=int, default=256, help="most query rows per call")
             b.add_argument("--max-batched", type=int, default=None, help="deprecated name of --max-rows")

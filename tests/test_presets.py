@@ -252,3 +252,21 @@ def test_v4_preset_is_the_whole_bundle(name):
     assert set(p.specs(("sm_90a",))) == set(want)
     b = preset_bundle(name, arch="sm_90a", num_sms=132, max_batched=64)
     assert set(b.specs()) == set(want)
+
+
+def test_cli_build_only_builds_the_matching_specs(monkeypatch, capsys):
+    """--only hands build_specs just the preset's specs whose names hold a fragment, and a
+    fragment that matches nothing is a clear error before anything is built."""
+    import codegen.build as build
+    from codegen.cli import main
+
+    seen = []
+    monkeypatch.setattr(build, "build_specs", lambda specs, cache, jobs, progress: seen.extend(specs) or [])
+    assert main(["build", "--preset", "sparse-mla-all", "--only", "decode_h8_,extend_h16_k2048_bf16"]) == 0
+    assert sorted(s.name for s in seen) == ["sparse_mla_decode_h8_k2048_bf16_sm_90a",
+                                            "sparse_mla_decode_h8_k2048_fp8_ds_mla_sm_90a",
+                                            "sparse_mla_extend_h16_k2048_bf16_sm_90a"]
+    seen.clear()
+    assert main(["build", "--preset", "dcp-topk", "--only", "nothing_like_it"]) == 2
+    assert not seen
+    assert "nothing_like_it" in capsys.readouterr().err
