@@ -2,6 +2,8 @@
 # Nsight Compute on one sparse MLA decode call (split + combine), for the perf notes:
 #   source .device-kit/setup.sh && bash benchmarks/ncu_decode.sh batch,heads,kv_format [...]
 # NCU_METRICS adds metrics (comma-separated) to the stall reasons; their lines are printed too.
+# NCU_SOURCE=1 instead writes the split kernel's per-SASS-instruction warp-stall samples as CSV
+# (ncu-source-<case>.csv; benchmarks/sass_phases.py sums them between the kernel's barriers).
 set -uo pipefail
 OUT=${OUT:-/tmp/b12x-out}
 mkdir -p "$OUT"
@@ -11,10 +13,16 @@ stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' b
   dispatch_stall branch_resolving membar sleeping)
 for case in "$@"; do
   IFS=, read -r batch heads fmt <<< "$case"
-  ncu --clock-control none --kernel-name regex:Split --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis --metrics "${stalls%,}${NCU_METRICS:+,$NCU_METRICS}" \
-      python3 - "$batch" "$heads" "$fmt" > "$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt" 2>&1 <<'PY'
+  if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    what=(--section SourceCounters --page source --csv --print-source sass)
+    dest="$OUT/ncu-source-${batch}x${heads}-${fmt}.csv"
+  else
+    what=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats
+          --section MemoryWorkloadAnalysis --metrics "${stalls%,}${NCU_METRICS:+,$NCU_METRICS}")
+    dest="$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt"
+  fi
+  ncu --clock-control none --kernel-name regex:Split --launch-skip 1 --launch-count 1 "${what[@]}" \
+      python3 - "$batch" "$heads" "$fmt" > "$dest" 2>&1 <<'PY'
 import sys, torch
 sys.path.insert(0, ".")
 from b12x.attention import sparse_mla as sm
@@ -33,6 +41,7 @@ for _ in range(3):
 torch.cuda.synchronize()
 print("splits", b.partial_o.shape[1])
 PY
-  f="$OUT/ncu-decode-${batch}x${heads}-${fmt}.txt"
+  [ "${NCU_SOURCE:-0}" = 1 ] && { echo "$dest: $(wc -l < "$dest") lines"; continue; }
+  f="$dest"
   grep -E "issue_stalled|L1/TEX Cache|Duration|Memory Throughput|DRAM Throughput|L2 Hit|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|Issued Warp|Registers Per|splits${NCU_METRICS:+|${NCU_METRICS//,/|}}" "$f" | head -70
 done
