@@ -36,8 +36,10 @@ def phases(hdr, rows):
     for r in rows:
         if cur is None:
             cur = {"first": r[0], "n": 0, "samples": 0, "ops": collections.Counter(), "why": collections.Counter()}
-        op = r[src].split()[0] if r[src].split() else ""
-        op = op.lstrip("@!PTU0123456789").split(".")[0] or (r[src].split()[1].split(".")[0] if len(r[src].split()) > 1 else "")
+        words = r[src].split()
+        if words and words[0].startswith("@"):       # a predicate guard: the opcode follows
+            words = words[1:]
+        op = words[0].split(".")[0] if words else ""
         cur["n"] += 1
         cur["samples"] += int(float(r[samples] or 0))
         if op in NOTE:
