@@ -31,7 +31,7 @@ def read(path: str):
 def phases(hdr, rows):
     src = hdr.index("Source")
     samples = hdr.index("Warp Stall Sampling (All Samples)")
-    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(hdr) if h.startswith("stall_")]
+    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
     out, cur = [], None
     for r in rows:
         if cur is None:
