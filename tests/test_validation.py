@@ -127,14 +127,35 @@ def test_one_split_pays_no_combine_for_whole_64_head_blocks():
     """A 64-head x 512-dim block's partials are the combine's cost, which one split does not pay:
     V4 sliding-window rows (2 tiles) of 32 requests x 64 heads (64 rows) and 16 x 128 run whole
     (measured 12.1 / 12.0 us against 14.1 / 13.4 at 2 splits); at 8 heads, whose partials are
-    small, they keep 2 splits (8.2 against 9.0); V3.2 rows keep their plans at the benched sizes."""
+    small, they keep 2 splits (8.2 against 9.0); V3.2 rows keep their plans at the benched sizes
+    (32 rows x 16 heads: 4, see the next test)."""
     def splits(heads, rows, **kw):
         caps = sm.v4_caps(num_heads=heads, topk=512, page_size=256, max_rows=rows, **kw)
         return sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132)).splits(rows, 128)[0]
     assert splits(64, 64) == 1 and splits(128, 32) == 1 and splits(8, 64) == 2
-    for heads, rows, want in ((128, 1, 32), (128, 8, 8), (128, 128, 1), (16, 32, 8)):
+    for heads, rows, want in ((128, 1, 32), (128, 8, 8), (128, 128, 1), (16, 32, 4)):
         p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=rows, arch="sm_90a", num_sms=132))
         assert p.splits(rows, 2048)[0] == want, (heads, rows)
+
+
+def test_register_form_counts_one_slot_an_sm_for_short_splits():
+    """fp8_ds_mla at 8 and 16 heads: a second resident CTA runs a split of fewer than 8 tiles no
+    faster than one, so 16 and 32 rows take 8 and 4 splits (measured 15.2 / 22.8 us at 8 heads
+    against 15.9 / 23.9 at 16 and 8); from 8 tiles a split two CTAs an SM pay (128 rows keep 2
+    splits). model1_fp8 and bf16 plans are unchanged (split_plan without the rule)."""
+    for heads in (8, 16):
+        p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=128, arch="sm_90a", num_sms=132))
+        assert p.resident_min_tiles == sm.RESIDENT_MIN_TILES
+        assert [p.splits(r, 2048)[0] for r in (1, 4, 8, 16, 32, 64, 128)] == [32, 32, 16, 8, 4, 4, 2]
+        for caps in (sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=128),
+                     sm.v4_caps(num_heads=heads, topk=512, page_size=256, extra_topk=8192, extra_page_size=2)):
+            q = sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132))
+            assert q.resident_min_tiles == 0
+            for rows in (8, 16, 32, 64):
+                width = 2048 if q.caps.kv_format == "bf16" else 640
+                assert q.splits(rows, width)[0] == sm.split_plan(
+                    rows, width, 132, q.head_blocks, q.ctas_per_sm,
+                    sm.partial_size(heads, q.head_block, q.caps.v_head_dim))[0]
 
 
 def test_scratch_covers_every_width_and_row_count_of_a_two_list_plan():

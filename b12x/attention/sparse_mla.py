@@ -72,8 +72,17 @@ class Caps:
                              extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
 
 
+# The 8/16-head register form over fp8_ds_mla (records through registers, heads as N): two CTAs
+# an SM run a short split no faster than one (32 rows x 8 heads, split kernel: 8 splits of 4
+# tiles at two an SM 21.8 us, 4 splits of 8 tiles at one 21.9), and the extra partials cost the
+# combine; from 8 tiles a split the second CTA pays (128 x 8: 2 splits 64.3 us, 1 split 68.7).
+# model1_fp8's 8/16-head plans keep the plain count: the rule measured slower there (B=32 h=16
+# + C128 28.8 -> 31.8 us). docs/notes/launch-and-splits.md.
+RESIDENT_MIN_TILES = 8
+
+
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
-               block_partial: float = 0.0) -> tuple[int, int]:
+               block_partial: float = 0.0, resident_min_tiles: int = 0) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
 
         waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
@@ -84,7 +93,9 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     writes none, so the term is dropped there where a CTA's partial is a whole 64-head x
     512-dim block (block_partial >= 1, partial_size), the size it stands for. Smaller blocks
     keep it at one split, where the model was fitted to their measured split counts
-    (docs/notes/launch-and-splits.md). Ties go to fewer splits."""
+    (docs/notes/launch-and-splits.md). resident_min_tiles: a split of fewer tiles than this
+    counts one slot an SM, whatever ctas_per_sm (a form whose second resident CTA adds no
+    throughput to short splits). Ties go to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -94,7 +105,8 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
         if -(-tiles // tps) != s:
             continue  # same tiles per split as a smaller s: no new plan
         combine = 0.0 if s == 1 and block_partial >= 1 else 0.01 * ctas * s
-        cost = -(-(ctas * s) // slots) * (1 + tps) + combine
+        wave = slots if tps >= resident_min_tiles else max(1, num_sms)
+        cost = -(-(ctas * s) // wave) * (1 + tps) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
     return best[1], best[2] * PAGE
@@ -112,6 +124,8 @@ class SparseMLAPlan(Plan):
     num_sms: int
     head_block: int
     ctas_per_sm: int = 1
+    # split_plan's resident_min_tiles (RESIDENT_MIN_TILES for the register forms)
+    resident_min_tiles: int = 0
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
     # decode: the splits of the plan's widest row at 1 .. max_rows rows (what the scratch holds)
@@ -140,7 +154,8 @@ class SparseMLAPlan(Plan):
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
         s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm,
-                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim))
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim),
+                            self.resident_min_tiles)
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
@@ -182,6 +197,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     ext_tile = replace(spec, mode="extend").tiling()
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
+    resident = RESIDENT_MIN_TILES if tile["fp8_regs"] and tile["heads_as_n"] and caps.kv_format == "fp8_ds_mla" else 0
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     widest_splits = ()
@@ -190,7 +206,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
         part = partial_size(h, head_block, d_v)
-        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm, part)[0] for r in range(1, rows + 1))
+        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm, part, resident)[0]
+                              for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
                 f"Caps.max_splits: expected an int in [0, {MAX_SPLITS}] (0: the planner's splits), "
@@ -206,7 +223,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
                                       f"got {caps.max_splits!r}")
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
-                         ctas_per_sm=ctas_per_sm, whole_row=whole_row,
+                         ctas_per_sm=ctas_per_sm, resident_min_tiles=resident, whole_row=whole_row,
                          widest_splits=widest_splits)
 
 
