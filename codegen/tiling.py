@@ -36,6 +36,13 @@ HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (
 # 64-head producer block (its raw shared-memory form is not built for model1 pages).
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
+# The 8/16-head register form over fp8_ds_mla (records through registers, heads as N): two CTAs
+# an SM run a short split no faster than one (32 rows x 8 heads, split kernel: 8 splits of 4
+# tiles at two an SM 21.8 us, 4 splits of 8 tiles at one 21.9), and the extra partials cost the
+# combine; from 8 tiles a split the second CTA pays (128 x 8: 2 splits 64.3 us, 1 split 68.7).
+# model1_fp8's 8/16-head plans keep the plain count: the rule measured slower there (B=32 h=16
+# + C128 28.8 -> 31.8 us). docs/notes/launch-and-splits.md.
+RESIDENT_MIN_TILES = 8
 
 
 def _align(n: int, a: int) -> int:
@@ -70,6 +77,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     raw_stages:  fp8 KV only: tiles of raw records in flight (cp.async into smem,
                  dequantised smem -> smem right before their math). 0 for bf16 KV.
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
+    resident_min_tiles: splits of fewer tiles count one CTA an SM in the split policy (the
+                 register form over fp8_ds_mla, RESIDENT_MIN_TILES), else 0.
     wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
                  warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
                  wgmma 64x32x16 from smem Q/K (s_one_warpgroup: warpgroup 0 all 64 tokens,
@@ -173,6 +182,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "stages": stages,
         "raw_stages": raw_stages,
         "ctas_per_sm": ctas_per_sm,
+        "resident_min_tiles": RESIDENT_MIN_TILES if fp8_regs and heads_as_n and kv_format == "fp8_ds_mla" else 0,
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,

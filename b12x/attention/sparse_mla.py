@@ -23,7 +23,7 @@ import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SparseMLASpec
-from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS
+from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, RESIDENT_MIN_TILES  # noqa: F401 (re-exported)
 
 from .. import registry
 from .. import scratch as _scratch
@@ -72,15 +72,6 @@ class Caps:
                              extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
 
 
-# The 8/16-head register form over fp8_ds_mla (records through registers, heads as N): two CTAs
-# an SM run a short split no faster than one (32 rows x 8 heads, split kernel: 8 splits of 4
-# tiles at two an SM 21.8 us, 4 splits of 8 tiles at one 21.9), and the extra partials cost the
-# combine; from 8 tiles a split the second CTA pays (128 x 8: 2 splits 64.3 us, 1 split 68.7).
-# model1_fp8's 8/16-head plans keep the plain count: the rule measured slower there (B=32 h=16
-# + C128 28.8 -> 31.8 us). docs/notes/launch-and-splits.md.
-RESIDENT_MIN_TILES = 8
-
-
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
                block_partial: float = 0.0, resident_min_tiles: int = 0) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
@@ -124,7 +115,7 @@ class SparseMLAPlan(Plan):
     num_sms: int
     head_block: int
     ctas_per_sm: int = 1
-    # split_plan's resident_min_tiles (RESIDENT_MIN_TILES for the register forms)
+    # split_plan's resident_min_tiles (the tiling's: its form's second resident CTA and short splits)
     resident_min_tiles: int = 0
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
@@ -197,7 +188,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     ext_tile = replace(spec, mode="extend").tiling()
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
-    resident = RESIDENT_MIN_TILES if tile["fp8_regs"] and tile["heads_as_n"] and caps.kv_format == "fp8_ds_mla" else 0
+    resident = int(tile["resident_min_tiles"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     widest_splits = ()
