@@ -45,6 +45,9 @@ if [ "$what" = ceiling ] || [ "$what" = all ]; then
   # the gather ceiling of the 8-head floor (docs/notes/mma-forms.md, "8 heads per rank")
   nvcc -O3 -arch=sm_90a benchmarks/ceilings/gather_ceiling.cu -o /tmp/gather_ceiling > "$OUT/ceiling.log" 2>&1 &&
     /tmp/gather_ceiling >> "$OUT/ceiling.log" 2>&1 || rc=1
+  # the 8-head warp-group form on mma.sync (docs/notes/mma-forms.md), checked and timed
+  nvcc -O3 -arch=sm_90a benchmarks/ceilings/h8_warp_mma.cu -o /tmp/h8_warp_mma > "$OUT/h8-warp-mma.log" 2>&1 &&
+    /tmp/h8_warp_mma >> "$OUT/h8-warp-mma.log" 2>&1 || rc=1
 fi
 echo "== gpu"; cat "$OUT/gpu.txt"
 echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
@@ -58,4 +61,5 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/bench-v4.log" ] && { echo "== v4 bench"; tail -30 "$OUT/bench-v4.log"; }
 [ -f "$OUT/bench-v4-prefill.log" ] && { echo "== v4 prefill bench"; tail -8 "$OUT/bench-v4-prefill.log"; }
 [ -f "$OUT/ceiling.log" ] && { echo "== gather ceiling"; tail -30 "$OUT/ceiling.log"; }
+[ -f "$OUT/h8-warp-mma.log" ] && { echo "== 8-head warp-group probe"; tail -12 "$OUT/h8-warp-mma.log"; }
 exit $rc
