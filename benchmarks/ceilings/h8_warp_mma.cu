@@ -183,6 +183,21 @@ __device__ __forceinline__ void write_partial(const float (&o)[NJ][4], SoftmaxSt
   }
 }
 
+// A thread's place in its group of warps and its split's part of the row: what both split
+// kernels start from.
+struct GroupSplit {
+  int h, lane, g, q, s, b, S, tb, te, n_steps;
+  const int* irow;
+  __device__ GroupSplit(const int* idx, int tps)
+      : h(threadIdx.x >> 5), lane(threadIdx.x & 31), g(lane >> 2), q(lane & 3), s(blockIdx.x), b(blockIdx.y),
+        S(gridDim.x), tb(s * tps), te(min(tb + tps, TOPK)), n_steps((te - tb + 15) / 16), irow(idx + (size_t)b * TOPK) {}
+  // the index of token g (which 0) or g + 8 (which 1) of step st; -1 past the split's end
+  __device__ int index_at(int st, int which) const {
+    const int t = tb + 16 * st + g + 8 * which;
+    return t < te ? irow[t] : -1;
+  }
+};
+
 // Records whole by one bulk copy (TMA) each into a ring of D 16-record slots, completion counted
 // on an mbarrier per slot: the faster path once the SMs hold 4-5 groups (B >= 32).
 template <int MAXR, int D, int NW>
@@ -191,8 +206,8 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
            float scale_log2, int tps, uint2* __restrict__ part_o, float* __restrict__ part_lse) {
   using G = Geom<NW>;
   constexpr int NB = G::NB, NI = G::NI, NJ = G::NJ, NR = G::NR;
-  const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x;
+  const GroupSplit gs(idx, tps);
+  const int h = gs.h, lane = gs.lane, g = gs.g, q = gs.q, n_steps = gs.n_steps;
   __shared__ typename G::Smem sh;
   auto& sQ = sh.q;
   auto& sX = sh.x;
@@ -202,15 +217,12 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
   if (threadIdx.x < D) asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"((uint32_t)__cvta_generic_to_shared(&full[threadIdx.x])));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncthreads();
-  const int tb = s * tps, te = min(tb + tps, TOPK);
-  const int* irow = idx + (size_t)b * TOPK;
-  const int n_steps = (te - tb + 15) / 16;
-  auto index_at = [&](int st, int which) { int t = tb + 16 * st + g + 8 * which; return t < te ? irow[t] : -1; };
+  auto index_at = [&](int st, int which) { return gs.index_at(st, which); };
   // warp 0, lanes 0-15: one bulk copy of a whole record each into the step's slot (a masked
   // entry copies record 0, finite, and is masked by its bias); lane 0 posts the byte count
   // the issuing lane's index is loaded a step before its copy, so no index round trip sits
   // between two issues
-  auto bulk_index = [&](int sn) { const int t = tb + 16 * sn + lane; return (h == 0 && lane < 16 && sn < n_steps && t < te) ? irow[t] : -1; };
+  auto bulk_index = [&](int sn) { const int t = gs.tb + 16 * sn + lane; return (h == 0 && lane < 16 && sn < n_steps && t < gs.te) ? gs.irow[t] : -1; };
   int bidx = bulk_index(0);
   auto issue_step = [&](int sn) {
     if (h == 0) {
@@ -236,7 +248,7 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
     }
   }
   if (D - 1 < n_steps) { nx0 = index_at(D - 1, 0); nx1 = index_at(D - 1, 1); }
-  load_q_frags<NW>(sQ[h], qg + ((size_t)b * H + g) * DQK, h, lane);
+  load_q_frags<NW>(sQ[h], qg + ((size_t)gs.b * H + g) * DQK, h, lane);
   __syncwarp();
 
   float o[NJ][4] = {};
@@ -289,7 +301,7 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
     }
     finish_step<NW, NI, NJ>(ca, cr, sg0, sg1, cv0, cv1, k16, o, sm, sX, st, h, lane, scale_log2);
   }
-  write_partial<NJ>(o, sm, part_o, part_lse, b, s, S, h, lane);
+  write_partial<NJ>(o, sm, part_o, part_lse, gs.b, gs.s, gs.S, h, lane);
 }
 
 // The same math with each thread's record bytes loaded global -> registers PF steps ahead (PF
@@ -300,15 +312,12 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
           float scale_log2, int tps, uint2* __restrict__ part_o, float* __restrict__ part_lse) {
   using G = Geom<NW>;
   constexpr int NB = G::NB, NI = G::NI, NJ = G::NJ, NR = G::NR;
-  const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x;
+  const GroupSplit gs(idx, tps);
+  const int h = gs.h, lane = gs.lane, g = gs.g, q = gs.q, n_steps = gs.n_steps;
   __shared__ typename G::Smem sh;
   auto& sQ = sh.q;
   auto& sX = sh.x;
-  const int tb = s * tps, te = min(tb + tps, TOPK);
-  const int* irow = idx + (size_t)b * TOPK;
-  const int n_steps = (te - tb + 15) / 16;
-  auto index_at = [&](int st, int which) { int t = tb + 16 * st + g + 8 * which; return t < te ? irow[t] : -1; };
+  auto index_at = [&](int st, int which) { return gs.index_at(st, which); };
   // this thread's bytes of a record: NoPE pieces [NB h + 16 q + 64 i, + 16), RoPE dims
   // [64 / NW h + (64 / NW / 4) q, ...), the scales of its blocks
   struct Rec { uint4 n[NI]; uint2 r[NR]; float sc[NI]; };
@@ -335,7 +344,7 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
     load_rec(ra[p], i0, va[p]); load_rec(rb[p], i1, vb[p]);
   }
   int nx0 = n_steps > PF ? index_at(PF, 0) : -1, nx1 = n_steps > PF ? index_at(PF, 1) : -1;
-  load_q_frags<NW>(sQ[h], qg + ((size_t)b * H + g) * DQK, h, lane);
+  load_q_frags<NW>(sQ[h], qg + ((size_t)gs.b * H + g) * DQK, h, lane);
   __syncwarp();
 
   float o[NJ][4] = {};
@@ -369,7 +378,7 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
     for (int p = 0; p < PF; ++p)
       if (st + p < n_steps) step(ra[p], rb[p], va[p], vb[p], st + p);
   }
-  write_partial<NJ>(o, sm, part_o, part_lse, b, s, S, h, lane);
+  write_partial<NJ>(o, sm, part_o, part_lse, gs.b, gs.s, gs.S, h, lane);
 }
 
 // one CTA per row, 1024 threads: thread (h, j, lane) merges its 4 fragment values over the splits
