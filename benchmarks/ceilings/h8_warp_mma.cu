@@ -217,7 +217,6 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
   if (threadIdx.x < D) asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"((uint32_t)__cvta_generic_to_shared(&full[threadIdx.x])));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncthreads();
-  auto index_at = [&](int st, int which) { return gs.index_at(st, which); };
   // warp 0, lanes 0-15: one bulk copy of a whole record each into the step's slot (a masked
   // entry copies record 0, finite, and is masked by its bias); lane 0 posts the byte count
   // the issuing lane's index is loaded a step before its copy, so no index round trip sits
@@ -243,11 +242,11 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
   for (int st = 0; st < D - 1; ++st) {
     if (st < n_steps) {
       issue_step(st);
-      int i0 = index_at(st, 0), i1 = index_at(st, 1);
+      int i0 = gs.index_at(st, 0), i1 = gs.index_at(st, 1);
       vbits |= ((((unsigned)i0 < (unsigned)n_slots) ? 1u : 0u) | (((unsigned)i1 < (unsigned)n_slots) ? 2u : 0u)) << (2 * st);
     }
   }
-  if (D - 1 < n_steps) { nx0 = index_at(D - 1, 0); nx1 = index_at(D - 1, 1); }
+  if (D - 1 < n_steps) { nx0 = gs.index_at(D - 1, 0); nx1 = gs.index_at(D - 1, 1); }
   load_q_frags<NW>(sQ[h], qg + ((size_t)gs.b * H + g) * DQK, h, lane);
   __syncwarp();
 
@@ -261,7 +260,7 @@ split_bulk(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ 
         issue_step(sn);   // its slot's last reads (step st - 1) came before the group's last barrier
         const bool a0 = (unsigned)nx0 < (unsigned)n_slots, a1 = (unsigned)nx1 < (unsigned)n_slots;
         vbits = (vbits & ~(3u << (2 * (sn % D)))) | (((a0 ? 1u : 0u) | (a1 ? 2u : 0u)) << (2 * (sn % D)));
-        if (sn + 1 < n_steps) { nx0 = index_at(sn + 1, 0); nx1 = index_at(sn + 1, 1); }
+        if (sn + 1 < n_steps) { nx0 = gs.index_at(sn + 1, 0); nx1 = gs.index_at(sn + 1, 1); }
       }
     }
     {
@@ -317,7 +316,6 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
   __shared__ typename G::Smem sh;
   auto& sQ = sh.q;
   auto& sX = sh.x;
-  auto index_at = [&](int st, int which) { return gs.index_at(st, which); };
   // this thread's bytes of a record: NoPE pieces [NB h + 16 q + 64 i, + 16), RoPE dims
   // [64 / NW h + (64 / NW / 4) q, ...), the scales of its blocks
   struct Rec { uint4 n[NI]; uint2 r[NR]; float sc[NI]; };
@@ -339,11 +337,11 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
   bool va[PF], vb[PF];
 #pragma unroll
   for (int p = 0; p < PF; ++p) {
-    const int i0 = index_at(p, 0), i1 = index_at(p, 1);
+    const int i0 = gs.index_at(p, 0), i1 = gs.index_at(p, 1);
     va[p] = (unsigned)i0 < (unsigned)n_slots; vb[p] = (unsigned)i1 < (unsigned)n_slots;
     load_rec(ra[p], i0, va[p]); load_rec(rb[p], i1, vb[p]);
   }
-  int nx0 = n_steps > PF ? index_at(PF, 0) : -1, nx1 = n_steps > PF ? index_at(PF, 1) : -1;
+  int nx0 = n_steps > PF ? gs.index_at(PF, 0) : -1, nx1 = n_steps > PF ? gs.index_at(PF, 1) : -1;
   load_q_frags<NW>(sQ[h], qg + ((size_t)gs.b * H + g) * DQK, h, lane);
   __syncwarp();
 
@@ -369,7 +367,7 @@ split_reg(const uint8_t* __restrict__ kv, int n_slots, const int* __restrict__ i
     if (st + PF < n_steps) {
       a_ok = (unsigned)nx0 < (unsigned)n_slots; b_ok = (unsigned)nx1 < (unsigned)n_slots;
       load_rec(A, nx0, a_ok); load_rec(B, nx1, b_ok);
-      if (st + PF + 1 < n_steps) { nx0 = index_at(st + PF + 1, 0); nx1 = index_at(st + PF + 1, 1); }
+      if (st + PF + 1 < n_steps) { nx0 = gs.index_at(st + PF + 1, 0); nx1 = gs.index_at(st + PF + 1, 1); }
     }
     finish_step<NW, NI, NJ>(ca, cr, sg0, sg1, cv0, cv1, k16, o, sm, sX, st, h, lane, scale_log2);
   };
