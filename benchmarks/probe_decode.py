@@ -44,6 +44,7 @@ def main() -> int:
     ap.add_argument("--cases", default="1x128,4x128,8x128,128x16")
     ap.add_argument("--splits", default="")
     ap.add_argument("--fmt", default="fp8_ds_mla")
+    ap.add_argument("--split-entry", default="split", help="the module's split entry point to time")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     pool = make_pool(args.fmt, 32768, g)
@@ -67,11 +68,11 @@ def main() -> int:
             s_eff = -(-TOPK // tps)
             po = big[: batch * s_eff * heads * 512].view(batch, s_eff, heads, 512)
             pl = big_lse[: batch * s_eff * heads].view(batch, s_eff, heads)
-            split = [lambda q=q, i=i, n=n: k["split"](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
+            split = [lambda q=q, i=i, n=n: k[args.split_entry](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
                      for q, i, n in sets]
             comb = [lambda: k[sm.combine_entry(s_eff)](po, pl, out, lse, lse[0], 0, 1)] * SETS
             both = [lambda f=f, c=c: (f(), c()) for f, c in zip(split, comb)]
-            r = {"case": case, "splits": s_eff, "tiles/split": tps // 64, "ctas": batch * s_eff * p.head_blocks,
+            r = {"case": case, "entry": args.split_entry, "splits": s_eff, "tiles/split": tps // 64, "ctas": batch * s_eff * p.head_blocks,
                  "split_us": time_rotated(split), "combine_us": time_rotated(comb), "both_us": time_rotated(both)}
             kd = kernel_us(both[:2])
             r["kernels"] = {n[:30]: round(v, 1) for n, v in kd.items()}

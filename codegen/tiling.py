@@ -43,6 +43,14 @@ FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 # model1_fp8's 8/16-head plans keep the plain count: the rule measured slower there (B=32 h=16
 # + C128 28.8 -> 31.8 us). docs/notes/launch-and-splits.md.
 RESIDENT_MIN_TILES = 8
+# The 8-head fp8_ds_mla decode split also has a warp-group form on mma.sync (cute_blocks/
+# sparse_mla/warp_group.py: 128 threads held to 128 registers, 4 CTAs an SM, no short-split
+# rule). It runs calls of WARP_GROUP_MIN_ROWS rows or more, where the SMs are full: 64 x 8 on 8
+# splits 34.5 us against 37.9, 128 x 8 on 4 splits 59.0 against 66.0 (bench, same run); at 32 rows
+# the two tie, below it the warp group's 16-token steps lose to the register form's 64-token
+# tiles (8 x 8: 13.2 against 10.6). docs/notes/mma-forms.md.
+WARP_GROUP_MIN_ROWS = 64
+WARP_GROUP_CTAS_PER_SM = 4      # warp_group.CTAS_PER_SM: its launch bound
 
 
 def _align(n: int, a: int) -> int:
@@ -173,7 +181,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         smem += stages * head_block * 4     # sMax: the running max, warpgroup 0 -> 1
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
+    warp_group = arch == "sm_90a" and mode == "decode" and num_heads == 8 and kv_format == "fp8_ds_mla"
     return {
+        "warp_group": warp_group,
+        "warp_group_min_rows": WARP_GROUP_MIN_ROWS if warp_group else 0,
+        "warp_group_ctas_per_sm": WARP_GROUP_CTAS_PER_SM,
         "head_block": head_block,
         "tile_tokens": tile_tokens,
         "warps_m": warps_m,

@@ -123,6 +123,20 @@ def test_split_plan_fills_the_gpu_and_scratch_covers_every_row_count(plan):
     assert plan.regions["partial_o"].nbytes == need
 
 
+def test_8_head_fp8_calls_of_many_rows_run_the_warp_group_split():
+    """The 8-head fp8_ds_mla decode module holds both split forms; the plan names the one a call
+    runs by its row count, and the scratch covers the partials of either."""
+    p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
+    assert p.warp_group_min_rows == 64 and p.warp_group_ctas_per_sm == 4
+    assert [p.split_entry(r) for r in (1, 63, 64, 256)] == ["split", "split", "split_warp_group", "split_warp_group"]
+    part = p.regions["partial_o"]
+    assert part.numel >= max(r * p.splits(r, 2048)[0] for r in range(1, 257)) * 8 * 512
+    for caps in (sm.Caps(num_heads=16, topk=2048, max_rows=256), sm.Caps(num_heads=8, kv_format="bf16", max_rows=256),
+                 sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_120a")):
+        q = sm.plan(dataclasses.replace(caps, arch=caps.arch or "sm_90a", num_sms=132))
+        assert q.warp_group_min_rows == 0 and q.split_entry(256) == "split"
+
+
 def test_one_split_pays_no_combine_for_whole_64_head_blocks():
     """A 64-head x 512-dim block's partials are the combine's cost, which one split does not pay:
     V4 sliding-window rows (2 tiles) of 32 requests x 64 heads (64 rows) and 16 x 128 run whole
@@ -142,11 +156,14 @@ def test_register_form_counts_one_slot_an_sm_for_short_splits():
     """fp8_ds_mla at 8 and 16 heads: a second resident CTA runs a split of fewer than 8 tiles no
     faster than one, so 16 and 32 rows take 8 and 4 splits (measured 15.2 / 22.8 us at 8 heads
     against 15.9 / 23.9 at 16 and 8); from 8 tiles a split two CTAs an SM pay (128 rows keep 2
-    splits). model1_fp8 and bf16 plans are unchanged (split_plan without the rule)."""
+    splits). model1_fp8 and bf16 plans are unchanged (split_plan without the rule). 8 heads from
+    64 rows run the warp-group split, planned without the rule."""
     for heads in (8, 16):
         p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=128, arch="sm_90a", num_sms=132))
         assert p.resident_min_tiles == sm.RESIDENT_MIN_TILES
-        assert [p.splits(r, 2048)[0] for r in (1, 4, 8, 16, 32, 64, 128)] == [32, 32, 16, 8, 4, 4, 2]
+        # 8 heads: from 64 rows the warp-group split (4 CTAs an SM, no short-split rule)
+        want = [32, 32, 16, 8, 4, 8, 4] if heads == 8 else [32, 32, 16, 8, 4, 4, 2]
+        assert [p.splits(r, 2048)[0] for r in (1, 4, 8, 16, 32, 64, 128)] == want
         for caps in (sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=128),
                      sm.v4_caps(num_heads=heads, topk=512, page_size=256, extra_topk=8192, extra_page_size=2)):
             q = sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132))

@@ -121,6 +121,10 @@ class SparseMLAPlan(Plan):
     whole_row: bool = False
     # decode: the splits of the plan's widest row at 1 .. max_rows rows (what the scratch holds)
     widest_splits: tuple[int, ...] = ()
+    # decode: calls of this many rows or more run the "split_warp_group" entry point (0: none)
+    # on warp_group_ctas_per_sm CTAs an SM and no short-split rule (codegen.tiling.WARP_GROUP_MIN_ROWS)
+    warp_group_min_rows: int = 0
+    warp_group_ctas_per_sm: int = 1
 
     @property
     def head_blocks(self) -> int:
@@ -144,15 +148,25 @@ class SparseMLAPlan(Plan):
         """split_plan's choice for this call, capped at the splits of the plan's widest row: the
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
-        s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, self.ctas_per_sm,
-                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim),
-                            self.resident_min_tiles)
+        ctas_per_sm, resident = self.split_form(rows)
+        s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, ctas_per_sm,
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), resident)
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
             tps = -(-tiles // cap) * PAGE
             s = -(-tiles * PAGE // tps)
         return s, tps
+
+    def split_entry(self, rows: int) -> str:
+        """The split kernel's entry point for a call of `rows` rows."""
+        wg = self.warp_group_min_rows
+        return "split_warp_group" if wg and rows >= wg else "split"
+
+    def split_form(self, rows: int) -> tuple[int, int]:
+        """(ctas_per_sm, resident_min_tiles) of the split kernel that runs `rows` rows."""
+        return _split_form(rows, self.ctas_per_sm, self.resident_min_tiles, self.warp_group_min_rows,
+                           self.warp_group_ctas_per_sm)
 
     def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
@@ -189,6 +203,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     resident = int(tile["resident_min_tiles"])
+    wg_rows, wg_ctas = int(tile.get("warp_group_min_rows", 0)), int(tile.get("warp_group_ctas_per_sm", 1))
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     widest_splits = ()
@@ -197,7 +212,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
         part = partial_size(h, head_block, d_v)
-        widest_splits = tuple(split_plan(r, width, sms, head_blocks, ctas_per_sm, part, resident)[0]
+        widest_splits = tuple(_widest(r, width, sms, head_blocks, part, ctas_per_sm, resident, wg_rows, wg_ctas)
                               for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
@@ -215,7 +230,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
                          ctas_per_sm=ctas_per_sm, resident_min_tiles=resident, whole_row=whole_row,
-                         widest_splits=widest_splits)
+                         widest_splits=widest_splits, warp_group_min_rows=wg_rows, warp_group_ctas_per_sm=wg_ctas)
 
 
 @dataclass(frozen=True)
@@ -403,6 +418,17 @@ def _sink_arg(binding: Binding, attn_sink: torch.Tensor | None) -> torch.Tensor:
     return binding.lse[0] if attn_sink is None else attn_sink
 
 
+def _split_form(rows: int, ctas_per_sm: int, resident: int, wg_min_rows: int, wg_ctas: int) -> tuple[int, int]:
+    if wg_min_rows and rows >= wg_min_rows:
+        return wg_ctas, 0
+    return ctas_per_sm, resident
+
+
+def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, resident, wg_rows, wg_ctas) -> int:
+    ctas, res = _split_form(rows, ctas_per_sm, resident, wg_rows, wg_ctas)
+    return split_plan(rows, width, sms, head_blocks, ctas, part, res)[0]
+
+
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:
     """Which kernel family suits a call: "decode" (split over the top-k + combine) or "extend"
     (one CTA per row). One row per request is decode; several rows per request (MTP verify,
@@ -431,7 +457,7 @@ def run_decode(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
                            lse_base, None)
         return binding.out, binding.lse
     k = p.kernels
-    k["split"](q, *binding.lists(kv_cache, extra_kv_cache), binding.partial_o, binding.partial_lse,
+    k[p.split_entry(q.shape[0])](q, *binding.lists(kv_cache, extra_kv_cache), binding.partial_o, binding.partial_lse,
                float(sm_scale) * LOG2E, binding.tokens_per_split)
     combine = k[combine_entry(binding.partial_o.shape[1])]
     combine(binding.partial_o, binding.partial_lse, binding.out, binding.lse, _sink_arg(binding, attn_sink),

@@ -498,7 +498,9 @@ __global__ void init_q(__nv_bfloat16* q, long n, uint64_t seed) {
 __global__ void init_idx(int* idx, long n, uint64_t seed, int holes) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
     uint32_t r = hash32(i * 7919 + seed);
-    idx[i] = (holes && (r % 97 == 0)) ? -1 : (int)(hash32(i + seed * 131) % (uint32_t)SLOTS);
+    // each set's own slots: a set that reread another's (an input offset of the same hash) would
+    // run its small batches from L2 (docs/notes/mma-forms.md, "What the probe's figures were")
+    idx[i] = (holes && (r % 97 == 0)) ? -1 : (int)(hash32(i * 0x9E3779B97F4A7C15ULL + hash32(seed)) % (uint32_t)SLOTS);
   }
 }
 

@@ -109,12 +109,11 @@ def test_addresses_beyond_2gib(kv_format, heads):
     del big
 
 
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("heads", (8, 32))
-def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
-    rows = 8
-    case = random_case(rows, heads, 2048, kv_format, seed=21)
-    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_batched=rows))
+def _capture_and_replay(case, fresh, kv_format):
+    """run_decode allocates nothing, captures into a graph, and the replay over `fresh`'s inputs
+    copied in place matches the reference."""
+    rows, heads = case.q.shape[:2]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_rows=rows))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
     b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out)
@@ -128,7 +127,6 @@ def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
     with torch.cuda.graph(graph):
         sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)
     # new inputs in place, then replay
-    fresh = random_case(rows, heads, 2048, kv_format, seed=22)
     case.q.copy_(fresh.q)
     case.indices.copy_(fresh.indices)
     case.lengths.copy_(fresh.lengths)
@@ -138,6 +136,71 @@ def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
     check(Case(case.q, case.kv, case.kv_ref, case.indices, case.lengths), out, b.lse)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("heads", (8, 32))
+def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
+    _capture_and_replay(random_case(8, heads, 2048, kv_format, seed=21), random_case(8, heads, 2048, kv_format, seed=22),
+                        kv_format)
+
+
+WG_ROWS = 64   # the 8-head fp8 plan's warp_group_min_rows: calls of this many rows run that split
+
+
+def _warp_group_case(seed, **kw):
+    """64 rows x 8 heads over fp8_ds_mla (the warp-group split) with every edge case in its rows:
+    zero length, all -1, duplicates, lengths past the width, one token, ids past the cache."""
+    case = random_case(WG_ROWS, 8, 2048, "fp8_ds_mla", seed=seed, invalid_frac=0.2, **kw)
+    slots = case.kv.shape[0] * 64
+    case.lengths[1] = 0
+    case.indices[2] = -1
+    case.indices[3, :300] = case.indices[3, 0].clamp(min=0)
+    case.lengths[4] = 4096
+    case.lengths[5] = 1
+    case.indices[6, ::3] = slots + torch.arange(0, 2048, 3, device="cuda", dtype=torch.int32)
+    case.indices[7, 5] = -7
+    return case
+
+
+def test_warp_group_split_is_the_one_that_runs():
+    p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=WG_ROWS))
+    assert p.warp_group_min_rows == WG_ROWS and p.split_entry(WG_ROWS) == "split_warp_group"
+    assert "split_warp_group" in p.kernels.functions
+
+
+@pytest.mark.parametrize("sink,lse_base", [(False, "e"), (True, "2")])
+def test_warp_group_split_matches_reference(sink, lse_base):
+    case = _warp_group_case(31 + int(sink))
+    s = torch.randn(8, device="cuda") * 2 if sink else None
+    out, lse = run_ours(case, "fp8_ds_mla", sink=s, lse_base=lse_base)
+    check(case, out, lse, sink=s, lse_base=lse_base)
+    assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
+
+
+def test_warp_group_split_page_strided_view_past_2gib():
+    """A page-strided view whose data lives past 2^31 bytes, read by the warp-group split."""
+    small = _warp_group_case(37, blocks=256, page_stride_pad=4096)
+    assert not small.kv.is_contiguous()
+    rec = small.kv.stride(0)
+    blocks = (2**31) // rec + 512
+    big = torch.empty(blocks, rec, dtype=torch.uint8, device="cuda")
+    big.fill_(0x7F)
+    view = big[:, : 64 * 656].view(blocks, 64, 656)
+    view[-256:] = small.kv
+    assert view[-256:].data_ptr() - view.data_ptr() > 2**31 and not view.is_contiguous()
+    shift = (blocks - 256) * 64
+    idx = small.indices
+    past = idx >= 256 * 64     # past the small cache: past the big one too
+    moved = torch.where(past, idx - 256 * 64 + blocks * 64, torch.where(idx >= 0, idx + shift, idx))
+    case = Case(small.q, view, small.kv_ref, moved, small.lengths)
+    out, lse = run_ours(case, "fp8_ds_mla")
+    check(small, out, lse)
+    del big, view
+
+
+def test_warp_group_split_graph_replay_without_allocation():
+    _capture_and_replay(_warp_group_case(41), _warp_group_case(42), "fp8_ds_mla")
 
 
 @pytest.mark.parametrize("heads", (8, 16, 64))
