@@ -140,7 +140,16 @@ class WarpGroupSplit(GatherRows):
         return Int32(1) if live else Int32(0)
 
     @cute.jit
-    def step(self, st, n_steps, rec, ok, nxt, mKV, mIdx, row, tok_begin, tok_end, n_slots, h, q, g, lane, tidx, sQ,
+    def slot_at(self, idx_row: Int64, pos, tok_end) -> Int32:
+        """The index at position pos of the row (-1 at or past tok_end): index_at's value, read
+        through the row's own address (the list's last dim is unit-stride, fakes.split_fakes)."""
+        slot = Int32(-1)
+        if pos < tok_end:
+            slot = Int32(ld_global_nc(idx_row + Int64(pos) * 4, 1)[0])
+        return slot
+
+    @cute.jit
+    def step(self, st, n_steps, rec, ok, nxt, mKV, idx_row, tok_begin, tok_end, n_slots, h, q, g, lane, tidx, sQ,
              sX, sSg, o, st_ml, k16, sm_scale_log2):
         """One 16-token step: S^T, the exchange, the online softmax, O^T; the next step's
         records are loaded into rec on the way."""
@@ -162,7 +171,7 @@ class WarpGroupSplit(GatherRows):
             for u in cutlass.range_constexpr(2):
                 ok[u] = self.load_record(mKV, nxt[u], h, q, rec, u, n_slots)
             for u in cutlass.range_constexpr(2):
-                nxt[u] = self.index_at(mIdx, row, tok_begin, st + 2, tok_end, g + 8 * u)
+                nxt[u] = self.slot_at(idx_row, tok_begin + (st + 2) * STEP + g + 8 * u, tok_end)
         # ---- S^T partial over this warp's block: two accumulation chains, then the scale ------
         ca0 = [Float32(0.0)] * 4
         ca1 = [Float32(0.0)] * 4
@@ -249,16 +258,17 @@ class WarpGroupSplit(GatherRows):
         tok_end = cutlass.min(cutlass.min(tok_begin + tokens_per_split, width), cutlass.max(mLen[row], 0))
         n_steps = (cutlass.max(tok_end - tok_begin, 0) + (STEP - 1)) // STEP
         n_slots = self.cache_slots(mKV)
+        idx_row = mIdx[row, None].iterator.toint()     # this row's index list (int32, unit stride)
 
         # ---- the first step's records (they travel while Q is converted); the second's indices ---
         rec = cute.make_rmem_tensor((11, 2), Uint32)    # words of token g, g + 8
         ok = cute.make_rmem_tensor((2,), Int32)         # this step's tokens are live
         nxt = cute.make_rmem_tensor((2,), Int32)        # slots of the next step's tokens g, g + 8
         for u in cutlass.range_constexpr(2):
-            ok[u] = self.load_record(mKV, self.index_at(mIdx, row, tok_begin, 0, tok_end, g + 8 * u), h, q, rec, u,
+            ok[u] = self.load_record(mKV, self.slot_at(idx_row, tok_begin + g + 8 * u, tok_end), h, q, rec, u,
                                      n_slots)
         for u in cutlass.range_constexpr(2):
-            nxt[u] = self.index_at(mIdx, row, tok_begin, 1, tok_end, g + 8 * u)
+            nxt[u] = self.slot_at(idx_row, tok_begin + STEP + g + 8 * u, tok_end)
 
         # ---- Q fragments: NoPE k-step j = dims d0 .. d0 + 3 of head g as fp16, RoPE as bf16 -----
         for j in cutlass.range_constexpr(NJ + 1):
@@ -284,7 +294,7 @@ class WarpGroupSplit(GatherRows):
         k16 = cute.make_rmem_tensor((NJ, 4), Uint32)
 
         for st in cutlass.range(n_steps, unroll=1):
-            self.step(st, n_steps, rec, ok, nxt, mKV, mIdx, row, tok_begin, tok_end, n_slots, h, q, g, lane, tidx, sQ,
+            self.step(st, n_steps, rec, ok, nxt, mKV, idx_row, tok_begin, tok_end, n_slots, h, q, g, lane, tidx, sQ,
                       sX, sSg, o, st_ml, k16, sm_scale_log2)
 
         # ---- epilogue: row sums over the lane groups, the normalised partial through sO ----------
