@@ -45,11 +45,12 @@ FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 RESIDENT_MIN_TILES = 8
 # The 8-head fp8_ds_mla decode split also has a warp-group form on mma.sync (cute_blocks/
 # sparse_mla/warp_group.py: 128 threads held to 128 registers, 4 CTAs an SM, no short-split
-# rule). It runs calls of WARP_GROUP_MIN_ROWS rows or more, where the SMs are full: 64 x 8 on 8
-# splits 34.5 us against 37.9, 128 x 8 on 4 splits 59.0 against 66.0 (bench, same run); at 32 rows
-# the two tie, below it the warp group's 16-token steps lose to the register form's 64-token
-# tiles (8 x 8: 13.2 against 10.6). docs/notes/mma-forms.md.
-WARP_GROUP_MIN_ROWS = 64
+# rule). It runs calls of WARP_GROUP_MIN_ROWS rows or more: from there the register form's splits
+# (one or two CTAs an SM) leave SMs with a second CTA while others hold one, and the warp group's
+# finer grain fills them (40 / 48 / 56 x 8: 27.4 / 29.3 / 32.9 us against 35.4 / 37.8 / 38.8,
+# 128 x 8 0.49 of FlashMLA against 0.58); at 32 rows the two tie, below it the 16-token steps lose
+# to the register form's 64-token tiles (8 x 8: 13.2 against 10.6). docs/notes/mma-forms.md.
+WARP_GROUP_MIN_ROWS = 33
 WARP_GROUP_CTAS_PER_SM = 4      # warp_group.CTAS_PER_SM: its launch bound
 
 

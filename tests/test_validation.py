@@ -127,8 +127,8 @@ def test_8_head_fp8_calls_of_many_rows_run_the_warp_group_split():
     """The 8-head fp8_ds_mla decode module holds both split forms; the plan names the one a call
     runs by its row count, and the scratch covers the partials of either."""
     p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
-    assert p.warp_group_min_rows == 64 and p.warp_group_ctas_per_sm == 4
-    assert [p.split_entry(r) for r in (1, 63, 64, 256)] == ["split", "split", "split_warp_group", "split_warp_group"]
+    assert p.warp_group_min_rows == 33 and p.warp_group_ctas_per_sm == 4
+    assert [p.split_entry(r) for r in (1, 32, 33, 256)] == ["split", "split", "split_warp_group", "split_warp_group"]
     part = p.regions["partial_o"]
     assert part.numel >= max(r * p.splits(r, 2048)[0] for r in range(1, 257)) * 8 * 512
     for caps in (sm.Caps(num_heads=16, topk=2048, max_rows=256), sm.Caps(num_heads=8, kv_format="bf16", max_rows=256),
@@ -157,11 +157,11 @@ def test_register_form_counts_one_slot_an_sm_for_short_splits():
     faster than one, so 16 and 32 rows take 8 and 4 splits (measured 15.2 / 22.8 us at 8 heads
     against 15.9 / 23.9 at 16 and 8); from 8 tiles a split two CTAs an SM pay (128 rows keep 2
     splits). model1_fp8 and bf16 plans are unchanged (split_plan without the rule). 8 heads from
-    64 rows run the warp-group split, planned without the rule."""
+    33 rows run the warp-group split, planned without the rule."""
     for heads in (8, 16):
         p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=128, arch="sm_90a", num_sms=132))
         assert p.resident_min_tiles == sm.RESIDENT_MIN_TILES
-        # 8 heads: from 64 rows the warp-group split (4 CTAs an SM, no short-split rule)
+        # 8 heads: from 33 rows the warp-group split (4 CTAs an SM, no short-split rule)
         want = [32, 32, 16, 8, 4, 8, 4] if heads == 8 else [32, 32, 16, 8, 4, 4, 2]
         assert [p.splits(r, 2048)[0] for r in (1, 4, 8, 16, 32, 64, 128)] == want
         for caps in (sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=128),

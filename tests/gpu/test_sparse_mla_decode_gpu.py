@@ -145,7 +145,7 @@ def test_cuda_graph_capture_replay_without_allocation(kv_format, heads):
                         kv_format)
 
 
-WG_ROWS = 64   # the 8-head fp8 plan's warp_group_min_rows: calls of this many rows run that split
+WG_ROWS = 64   # calls of the 8-head fp8 plan's warp_group_min_rows (33) rows or more run that split
 
 
 def _warp_group_case(seed, **kw):
@@ -165,7 +165,7 @@ def _warp_group_case(seed, **kw):
 
 def test_warp_group_split_is_the_one_that_runs():
     p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=WG_ROWS))
-    assert p.warp_group_min_rows == WG_ROWS and p.split_entry(WG_ROWS) == "split_warp_group"
+    assert p.warp_group_min_rows <= WG_ROWS and p.split_entry(WG_ROWS) == "split_warp_group"
     assert "split_warp_group" in p.kernels.functions
 
 
