@@ -74,14 +74,19 @@ def _functions_calling(source: str, method: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("spec", SPARSE, ids=lambda s: s.name)
 def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
-    """Indices are read in index_at only, and a slot becomes an address (row_address) or a bias
-    (write_bias, or rSlot of the register path) only in a function that tests it with live_slot,
-    the unsigned compare against the cache tensor's own slots; no consumer tests `>= 0` alone."""
+    """Indices are read in index_at only (or, for a reader that keeps the row's address, through
+    index_row in index_at_row alone, behind the same split-end compare), and a slot becomes an
+    address (row_address, live_row_address) or a bias (write_bias, or rSlot of the register path)
+    only in a function that tests it with live_slot, the unsigned compare against the cache
+    tensor's own slots; no consumer tests `>= 0` alone."""
     src = _with_blocks(render(spec))
-    assert _functions_reading(src, "mIdx") == {"index_at"}
+    assert _functions_reading(src, "mIdx") in ({"index_at"}, {"index_at", "index_row"})
+    row_readers = {name for name, body in _functions_calling(src, "gmem_vec").items() if "idx_row" in body}
+    assert row_readers <= {"index_at_row"}, f"an index row's address read outside index_at_row: {row_readers}"
     assert "return Uint32(slot) < n_slots" in src
     assert "Uint32(cutlass.max(mKV.shape[0], 0)) * Uint32(self.page_size)" in src   # the bound is the cache tensor's own blocks
-    consumers = {**_functions_calling(src, "row_address"), **_functions_calling(src, "write_bias")}
+    consumers = {**_functions_calling(src, "row_address"), **_functions_calling(src, "live_row_address"),
+                 **_functions_calling(src, "write_bias")}
     consumers.pop("row_address", None)
     assert consumers, "no gather found"
     for name, body in consumers.items():

@@ -5,9 +5,26 @@ warpgroup). The raw shared-memory form is in gather_raw.py, two index lists in t
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .barriers import BAR_EMPTY, BAR_FULL, named_arrive, named_sync
 from .kv_format import Fp8DsMlaDequant, Model1Dequant
+
+
+@dsl_user_op
+def ld_global_nc(addr, n: int, *, loc=None, ip=None):
+    """n (1, 2 or 4) 32-bit words from a global byte address aligned to 4 n, by the read-only
+    path (ld.global.nc): records and indices are never written while a kernel reads them."""
+    vec = {1: "", 2: ".v2", 4: ".v4"}[n]
+    outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
+    text = f"ld.global.nc{vec}.u32 {outs}, [${n}];"
+    ret = T.i32() if n == 1 else llvm.StructType.get_literal([T.i32()] * n)
+    res = llvm.inline_asm(ret, [Int64(addr).ir_value(loc=loc, ip=ip)], text, ",".join(["=r"] * n) + ",l",
+                          has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    if n == 1:
+        return [Uint32(res)]
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
 class GatherRows:
@@ -67,6 +84,27 @@ class GatherRows:
         off = Int64(slot % page)
         base = mKV.iterator.toint()
         return base + (blk * Int64(mKV.stride[0]) * elem_bytes) + off * record_bytes
+
+    def live_row_address(self, mKV: cute.Tensor, slot: Int32, record_bytes: cutlass.Constexpr) -> Int64:
+        """row_address of a slot that live_slot passed (0 <= slot < the cache's slots): unsigned
+        page arithmetic, a shift and a mask instead of row_address's signed division."""
+        u = Uint32(slot)
+        page_bytes = Int64(mKV.stride[0]) * (mKV.element_type.width // 8)
+        return mKV.iterator.toint() + Int64(u // self.page_size) * page_bytes + Int64((u % self.page_size) * record_bytes)
+
+    def index_row(self, mIdx: cute.Tensor, row) -> Int64:
+        """The address of row `row` of the index list (int32, unit stride, as bind checks), for a
+        reader that keeps it in a register: index_at_row is the only one."""
+        return mIdx[row, None].iterator.toint()
+
+    @cute.jit
+    def index_at_row(self, idx_row: Int64, pos, tok_end) -> Int32:
+        """index_at through the row's address (index_row): the entry at position pos, -1 at or
+        past tok_end. Like index_at's, the slot becomes an address only behind live_slot."""
+        slot = Int32(-1)
+        if pos < tok_end:
+            slot = Int32(ld_global_nc(idx_row + Int64(pos) * 4, 1)[0])
+        return slot
 
     def gmem_vec(self, addr: Int64, dtype, n: int, align: int = 16) -> cute.Tensor:
         """n elements of dtype at an `align`-byte aligned global byte address (a gathered record)."""

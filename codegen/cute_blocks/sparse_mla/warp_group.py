@@ -19,7 +19,7 @@ from cutlass import Float16, Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .gather import GatherRows
+from .gather import GatherRows, ld_global_nc
 from .softmax import xor_allreduce
 
 NW = 4                       # warps a CTA, each one 128-dim block of the NoPE bytes
@@ -43,20 +43,6 @@ def mma_16816(a0, a1, a2, a3, b0, b1, c, kind: str = "f16", *, loc=None, ip=None
                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip)
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
-
-
-@dsl_user_op
-def ld_global_nc(addr, n: int, *, loc=None, ip=None):
-    """n (1, 2 or 4) 32-bit words from a global byte address aligned to 4 n, by the read-only
-    path (ld.global.nc): the records are never written while a kernel reads them."""
-    vec = {1: "", 2: ".v2", 4: ".v4"}[n]
-    outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
-    text = f"ld.global.nc{vec}.u32 {outs}, [${n}];"
-    ret = T.i32() if n == 1 else llvm.StructType.get_literal([T.i32()] * n)
-    res = _asm(ret, [Int64(addr)], text, ",".join(["=r"] * n) + ",l", loc, ip)
-    if n == 1:
-        return [Uint32(res)]
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
 @dsl_user_op
@@ -124,11 +110,7 @@ class WarpGroupSplit(GatherRows):
             rec[k, u] = Uint32(0)
         live = self.live_slot(slot, n_slots)
         if live:
-            # (the slot is live: 0 <= slot < n_slots, so unsigned page arithmetic is exact and
-            # cheaper than the signed division of GatherRows.row_address)
-            u32 = Uint32(slot)
-            page_bytes = Int64(mKV.stride[0]) * (mKV.element_type.width // 8)
-            base = mKV.iterator.toint() + Int64(u32 // self.page_size) * page_bytes + Int64((u32 % self.page_size) * REC)
+            base = self.live_row_address(mKV, slot, REC)
             for i in cutlass.range_constexpr(2):
                 w = ld_global_nc(base + 128 * h + 16 * q + 64 * i, 4)
                 for k in cutlass.range_constexpr(4):
@@ -138,15 +120,6 @@ class WarpGroupSplit(GatherRows):
             rec[9, u] = rope[1]
             rec[10, u] = ld_global_nc(base + 512 + 4 * h, 1)[0]
         return Int32(1) if live else Int32(0)
-
-    @cute.jit
-    def slot_at(self, idx_row: Int64, pos, tok_end) -> Int32:
-        """The index at position pos of the row (-1 at or past tok_end): index_at's value, read
-        through the row's own address (the list's last dim is unit-stride, fakes.split_fakes)."""
-        slot = Int32(-1)
-        if pos < tok_end:
-            slot = Int32(ld_global_nc(idx_row + Int64(pos) * 4, 1)[0])
-        return slot
 
     @cute.jit
     def step(self, st, n_steps, rec, ok, nxt, mKV, idx_row, tok_begin, tok_end, n_slots, h, q, g, lane, tidx, sQ,
@@ -171,7 +144,7 @@ class WarpGroupSplit(GatherRows):
             for u in cutlass.range_constexpr(2):
                 ok[u] = self.load_record(mKV, nxt[u], h, q, rec, u, n_slots)
             for u in cutlass.range_constexpr(2):
-                nxt[u] = self.slot_at(idx_row, tok_begin + (st + 2) * STEP + g + 8 * u, tok_end)
+                nxt[u] = self.index_at_row(idx_row, tok_begin + (st + 2) * STEP + g + 8 * u, tok_end)
         # ---- S^T partial over this warp's block: two accumulation chains, then the scale ------
         ca0 = [Float32(0.0)] * 4
         ca1 = [Float32(0.0)] * 4
@@ -258,17 +231,17 @@ class WarpGroupSplit(GatherRows):
         tok_end = cutlass.min(cutlass.min(tok_begin + tokens_per_split, width), cutlass.max(mLen[row], 0))
         n_steps = (cutlass.max(tok_end - tok_begin, 0) + (STEP - 1)) // STEP
         n_slots = self.cache_slots(mKV)
-        idx_row = mIdx[row, None].iterator.toint()     # this row's index list (int32, unit stride)
+        idx_row = self.index_row(mIdx, row)
 
         # ---- the first step's records (they travel while Q is converted); the second's indices ---
         rec = cute.make_rmem_tensor((11, 2), Uint32)    # words of token g, g + 8
         ok = cute.make_rmem_tensor((2,), Int32)         # this step's tokens are live
         nxt = cute.make_rmem_tensor((2,), Int32)        # slots of the next step's tokens g, g + 8
         for u in cutlass.range_constexpr(2):
-            ok[u] = self.load_record(mKV, self.slot_at(idx_row, tok_begin + g + 8 * u, tok_end), h, q, rec, u,
+            ok[u] = self.load_record(mKV, self.index_at_row(idx_row, tok_begin + g + 8 * u, tok_end), h, q, rec, u,
                                      n_slots)
         for u in cutlass.range_constexpr(2):
-            nxt[u] = self.slot_at(idx_row, tok_begin + STEP + g + 8 * u, tok_end)
+            nxt[u] = self.index_at_row(idx_row, tok_begin + STEP + g + 8 * u, tok_end)
 
         # ---- Q fragments: NoPE k-step j = dims d0 .. d0 + 3 of head g as fp16, RoPE as bf16 -----
         for j in cutlass.range_constexpr(NJ + 1):
