@@ -207,10 +207,8 @@ class SparseMLASpec(KernelSpec):
         else:
             mma = ("mma_wgmma", "Wgmma64Heads")
         base = ("TwoLists" if two else "") + ("ExtendKernel" if self.mode == "extend" else "SplitKernel")
-        split = ("warp_group", "WarpGroupSplit") if tile.get("warp_group") else None
         return {"gather_module": gather[0], "gather_block": gather[1], "mma_module": mma[0], "mma_block": mma[1],
-                "kernel_module": "two_lists" if two else "kernel", "kernel_base": base,
-                "split_module": split[0] if split else None, "split_block": split[1] if split else None}
+                "kernel_module": "two_lists" if two else "kernel", "kernel_base": base}
 
 
 @register_family

@@ -128,6 +128,8 @@ def test_8_head_fp8_calls_of_many_rows_run_the_warp_group_split():
     runs by its row count, and the scratch covers the partials of either."""
     p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
     assert p.warp_group_min_rows == 33 and p.warp_group_ctas_per_sm == 4
+    from codegen.cute_blocks.sparse_mla import warp_group   # the kernel's launch bound is what the plan counts
+    assert warp_group.CTAS_PER_SM == p.warp_group_ctas_per_sm
     assert [p.split_entry(r) for r in (1, 32, 33, 256)] == ["split", "split", "split_warp_group", "split_warp_group"]
     part = p.regions["partial_o"]
     assert part.numel >= max(r * p.splits(r, 2048)[0] for r in range(1, 257)) * 8 * 512

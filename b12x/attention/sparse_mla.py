@@ -203,7 +203,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     resident = int(tile["resident_min_tiles"])
-    wg_rows, wg_ctas = int(tile.get("warp_group_min_rows", 0)), int(tile.get("warp_group_ctas_per_sm", 1))
+    wg_rows, wg_ctas = int(tile["warp_group_min_rows"]), int(tile["warp_group_ctas_per_sm"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     widest_splits = ()

@@ -20,12 +20,13 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .gather import GatherRows, ld_global_nc
+from .kv_layout import Fp8DsMlaRecord
 from .softmax import xor_allreduce
 
-NW = 4                       # warps a CTA, each one 128-dim block of the NoPE bytes
+RECORD = Fp8DsMlaRecord(d_nope=512, d_rope=64)   # the records this form reads (V3.2's 656 bytes)
+NW = RECORD.n_scales         # warps a CTA, each one scale block (128 dims) of the NoPE bytes
 STEP = 16                    # tokens a step
-NJ = 512 // NW // 16         # NoPE k-steps (and O^T m-tiles) of a warp: 8
-REC = 656                    # fp8_ds_mla record bytes
+NJ = RECORD.d_nope // NW // 16   # NoPE k-steps (and O^T m-tiles) of a warp: 8
 CTAS_PER_SM = 4              # 128 registers a thread (no spill); codegen.tiling plans with it
 
 
@@ -110,15 +111,15 @@ class WarpGroupSplit(GatherRows):
             rec[k, u] = Uint32(0)
         live = self.live_slot(slot, n_slots)
         if live:
-            base = self.live_row_address(mKV, slot, REC)
+            base = self.live_row_address(mKV, slot, RECORD.bytes)
             for i in cutlass.range_constexpr(2):
                 w = ld_global_nc(base + 128 * h + 16 * q + 64 * i, 4)
                 for k in cutlass.range_constexpr(4):
                     rec[4 * i + k, u] = w[k]
-            rope = ld_global_nc(base + 528 + 32 * h + 8 * q, 2)
+            rope = ld_global_nc(base + RECORD.rope_off + 32 * h + 8 * q, 2)
             rec[8, u] = rope[0]
             rec[9, u] = rope[1]
-            rec[10, u] = ld_global_nc(base + 512 + 4 * h, 1)[0]
+            rec[10, u] = ld_global_nc(base + RECORD.scale_off + 4 * h, 1)[0]
         return Int32(1) if live else Int32(0)
 
     @cute.jit
@@ -245,7 +246,7 @@ class WarpGroupSplit(GatherRows):
 
         # ---- Q fragments: NoPE k-step j = dims d0 .. d0 + 3 of head g as fp16, RoPE as bf16 -----
         for j in cutlass.range_constexpr(NJ + 1):
-            d0 = (128 * h + 16 * q + 64 * (j // 4) + 4 * (j % 4)) if j < NJ else (512 + 16 * h + 4 * q)
+            d0 = (128 * h + 16 * q + 64 * (j // 4) + 4 * (j % 4)) if j < NJ else (RECORD.d_nope + 16 * h + 4 * q)
             src = cute.make_tensor(cute.make_ptr(Uint32, mQ[row, g, None].iterator.toint() + 2 * d0,
                                                  cute.AddressSpace.gmem, assumed_align=8), cute.make_layout((2,)))
             w0 = src[0]
