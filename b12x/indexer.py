@@ -20,7 +20,9 @@ Units: `lengths` count tokens; positions, `width` and the active width count ent
 exact max floor(L / c) or the graph-stable bound ceil(max_seq_len / c)), clamped to `width`, and
 never divided again: no host sync, and columns past it are neither written by run_logits nor read
 by run_topk. (`max_len` is its deprecated old name.) run_* allocate nothing and are CUDA-graph
-capturable.
+capturable. run_index_topk over row batches of wide rows selects each batch on a side stream of its
+own while the next batch is scored, and joins it back to the caller's stream before it returns
+(events only, captured into a graph like the rest).
 
 Block-table entries outside [0, kv_cache.shape[0]) never fault: run_logits and the fused path do
 not read such a page and give its entries -inf, and physical top-k slots through such an entry are
@@ -192,6 +194,21 @@ class IndexerPlan(Plan):
                                     + [slots * m for m in range(1, held // slots + 1)])]
         return max([n for n in fits if 2 <= n <= held and filled(n) >= 0.9], default=held)
 
+    def overlap_rows(self, held: int, width: int, rows: int, rows_per_req: int = 1) -> int:
+        """Rows of an overlapped batch (0: none). Where row batches take the wide top-k (rows wider
+        than a chunk), the logits region's two halves take batches in turn and each batch's top-k
+        runs on a side stream beside the next batch's logits: the persistent logits grid and the
+        wide top-k then fill each other's tails. Only where a half still holds a row per SM: the
+        logits kernel reads each K page once for the rows of a batch, and fewer rows cost it more
+        than the overlap gives (4096 rows x 1M tokens c 4: 128-row batches score 7.6% slower than
+        256-row ones). Batches of whole requests (docs/notes/indexer-logits.md)."""
+        half = self.batch_rows(held // 2, width)
+        half -= half % rows_per_req
+        t = self.tiling
+        if half < max(2, self.num_sms) or rows <= half or width <= t["chunk"] or self.row_final(half, width):
+            return 0
+        return half
+
     def use_fused(self, rows: int, width: int) -> bool:
         """The fused score+select path only when Caps.fused asks for it: logits then the wide-row
         top-k are faster wherever the fused path used to be chosen (docs/notes/topk.md)."""
@@ -287,14 +304,19 @@ class IndexerPlan(Plan):
         cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
                       plan.regions[f"cand_cnt_{s}"]) for s in "ab")
         g = plan.logits_rows_per_unit(rows, rows_per_req)
+        overlap_batch = 0
         if row_batch and block_table is not None and block_table.shape[0] > 1:
             # batches of whole requests (MTP rows share their request's pages)
             row_batch -= row_batch % rows_per_req
             require(row_batch >= 1, f"Caps.logits_rows: expected at least the {rows_per_req} rows of one request, "
                                     f"got {plan_logits_rows(caps)}")
+        if row_batch:
+            overlap_batch = plan.overlap_rows(plan_logits_rows(caps), width, rows,
+                                              rows_per_req if block_table is not None and block_table.shape[0] > 1
+                                              else 1)
         return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
                        block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
-                       indices, scores, cand, plan.pages_per_cta(rows // g, width), row_batch)
+                       indices, scores, cand, plan.pages_per_cta(rows // g, width), row_batch, overlap_batch)
 
 
 def plan_logits_rows(caps: Caps) -> int:
@@ -372,6 +394,9 @@ class Binding:
     cand: tuple                        # ((key, pos, cnt) buffer a, buffer b) as flat region views
     pages_per_cta: int
     row_batch: int = 0                 # > 0: the logits region holds this many rows (Caps.logits_rows)
+    # > 0: run_index_topk scores batches of this many rows into the two halves of the logits
+    # region in turn, each batch's top-k on a side stream beside the next batch's logits
+    overlap_batch: int = 0
 
 
 def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device) -> None:
@@ -478,10 +503,10 @@ def _run_schedule(b: Binding, steps: list[TopKStep], kernels, first_launch, num_
         src = 1 - src
 
 
-def _row_slice(b: Binding, r0: int, r1: int) -> Binding:
+def _row_slice(b: Binding, r0: int, r1: int, logits_row0: int = 0) -> Binding:
     """Rows [r0, r1) of a binding as a binding of their own: views of its tensors, the logits
-    region's first rows. One shared page table (one request) stays whole; per-request tables
-    give their requests' rows (batches are whole requests)."""
+    region's rows from logits_row0. One shared page table (one request) stays whole; per-request
+    tables give their requests' rows (batches are whole requests)."""
     p, n = b.plan, r1 - r0
     bt, rpr = b.block_table, b.rows_per_req
     if bt is not None and bt.shape[0] == 1:
@@ -490,9 +515,10 @@ def _row_slice(b: Binding, r0: int, r1: int) -> Binding:
         bt = bt[r0 // rpr: r1 // rpr]
     sl = (lambda t: None if t is None else t[r0:r1])
     return replace(b, rows=n, q=sl(b.q), weights=sl(b.weights), lengths=b.lengths[r0:r1], starts=sl(b.starts),
-                   block_table=bt, rows_per_req=rpr, logits=b.logits[:n], indices=b.indices[r0:r1],
-                   scores=sl(b.scores), pages_per_cta=p.pages_per_cta(n // p.logits_rows_per_unit(n, rpr), b.width),
-                   row_batch=0)
+                   block_table=bt, rows_per_req=rpr, logits=b.logits[logits_row0:logits_row0 + n],
+                   indices=b.indices[r0:r1], scores=sl(b.scores),
+                   pages_per_cta=p.pages_per_cta(n // p.logits_rows_per_unit(n, rpr), b.width), row_batch=0,
+                   overlap_batch=0)
 
 
 def _require_whole(b: Binding, what: str) -> None:
@@ -585,6 +611,9 @@ def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torc
     check_kv_cache(kv_cache, p.caps.mode, b.lengths.device)
     # physical slots are checked against the cache's own pages
     num_blocks = _kv_blocks(b, kv_cache) if p.caps.mode == "paged" else b.num_blocks
+    if b.overlap_batch:
+        _run_overlapped(b, kv_cache, num_blocks)
+        return b.indices, b.scores
     if not p.use_fused(b.rows, b.width):
         # (a plan with Caps.logits_rows below the call's rows: one batch of rows at a time)
         for r0 in range(0, b.rows, b.row_batch or max(b.rows, 1)):
@@ -605,6 +634,45 @@ def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torc
 
     _run_schedule(b, steps, kernels, first, num_blocks)
     return b.indices, b.scores
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the overlapped top-k (created once; a stream is not memory)."""
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _SIDE_STREAMS[key]
+
+
+def _run_overlapped(b: Binding, kv_cache, num_blocks: int) -> None:
+    """Row batches of b.overlap_batch rows, scored into the two halves of the logits region in
+    turn on the caller's stream; each batch's top-k runs on the side stream once its logits are
+    written, while the next batch is scored into the other half. A half is written again only
+    after the top-k that read it; the caller's stream waits for the last top-ks before it goes
+    on. Events only: no host sync, and the fork and join are captured into a CUDA graph."""
+    n = b.overlap_batch
+    main = torch.cuda.current_stream(b.lengths.device)
+    side = _side_stream(b.lengths.device)
+    done = [None, None]
+    for i, r0 in enumerate(range(0, b.rows, n)):
+        half = i % 2
+        sb = _row_slice(b, r0, min(b.rows, r0 + n), logits_row0=half * n)
+        if done[half] is not None:
+            main.wait_event(done[half])
+        run_logits(sb, kv_cache=kv_cache)
+        scored = torch.cuda.Event()
+        scored.record(main)
+        side.wait_event(scored)
+        with torch.cuda.stream(side):
+            _run_topk(sb, num_blocks)
+        done[half] = torch.cuda.Event()
+        done[half].record(side)
+    for ev in done:
+        if ev is not None:
+            main.wait_event(ev)
 
 
 # -- torch custom ops (torch.compile sees mutating ops with fake implementations) --------------

@@ -67,3 +67,71 @@ def test_contiguous_row_batches_match_the_whole_rows(batch):
     o0, o1 = i0.sort(dim=1), i1.sort(dim=1)
     assert torch.equal(o0.values, o1.values)
     assert torch.equal(s0.gather(1, o0.indices), s1.gather(1, o1.indices))
+
+
+def _wide_prefill_case(g, rows, n):
+    kv = quantize_q(torch.randn(n, 128, device="cuda", generator=g))
+    sc = torch.rand(n, device="cuda", generator=g) + 0.1
+    q = quantize_q(torch.randn(rows, 64, 128, device="cuda", generator=g) * 4)
+    w = torch.randn(rows, 64, device="cuda", generator=g)
+    ends = torch.arange(n - 3 * rows, n, 3, dtype=torch.int32, device="cuda") + 1
+    starts = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    starts[3] = 9000
+    return kv, sc, q, w, ends, starts
+
+
+def test_overlapped_row_batches_match_the_whole_rows_and_replay_in_a_graph():
+    """Rows wider than a top-k chunk in row batches: the batches alternate between the halves of
+    the logits region and each batch's top-k runs on a side stream beside the next batch's
+    logits. The winners and scores equal the whole rows', in eager calls and in graph replays
+    with new inputs, and a replay allocates nothing. (Planned for 2 SMs: overlapped batches hold
+    at least a row per SM.)"""
+    g = torch.Generator(device="cuda").manual_seed(47)
+    rows, n = 22, 40000
+    plans = {lr: ix.plan(ix.Caps(num_heads=64, topk=2048, mode="contiguous", max_rows=rows, max_width=n,
+                                 with_scores=True, logits_rows=lr, num_sms=2)) for lr in (0, 8)}
+    scratch = {lr: torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+               for lr, p in plans.items()}
+    outs = {lr: (torch.full((rows, 2048), -7, dtype=torch.int32, device="cuda"),
+                 torch.full((rows, 2048), float("nan"), device="cuda")) for lr in plans}
+    case = list(_wide_prefill_case(g, rows, n))
+
+    def bind(lr):
+        kv, sc, q, w, ends, starts = case
+        return plans[lr].bind(scratch[lr], q=q, weights=w, lengths=ends, starts=starts, width=n,
+                              indices=outs[lr][0], scores=outs[lr][1])
+
+    def check():
+        (i0, s0), (i1, s1) = outs[0], outs[8]
+        o0, o1 = i0.sort(dim=1), i1.sort(dim=1)
+        assert torch.equal(o0.values, o1.values)
+        assert torch.equal(s0.gather(1, o0.indices), s1.gather(1, o1.indices))
+        assert int((i1 >= 0).sum(1).min()) == 2048
+
+    b = {lr: bind(lr) for lr in plans}
+    assert b[8].row_batch and b[8].overlap_batch == 4 and b[0].overlap_batch == 0
+    for lr in plans:
+        ix.run_index_topk(b[lr], kv_cache=(case[0], case[1]))
+    torch.cuda.synchronize()
+    check()
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ix.run_index_topk(b[8], kv_cache=(case[0], case[1]))          # warm-up on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            ix.run_index_topk(b[8], kv_cache=(case[0], case[1]))
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    for t, new in zip(case, _wide_prefill_case(g, rows, n)):          # fresh inputs in place
+        t.copy_(new)
+    outs[8][0].fill_(-7)
+    outs[8][1].fill_(float("nan"))
+    before = torch.cuda.memory_allocated()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    ix.run_index_topk(b[0], kv_cache=(case[0], case[1]))
+    torch.cuda.synchronize()
+    check()
