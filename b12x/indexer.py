@@ -22,7 +22,8 @@ never divided again: no host sync, and columns past it are neither written by ru
 by run_topk. (`max_len` is its deprecated old name.) run_* allocate nothing and are CUDA-graph
 capturable. run_index_topk over row batches of wide rows selects each batch on a side stream of its
 own while the next batch is scored, and joins it back to the caller's stream before it returns
-(events only, captured into a graph like the rest).
+(events only, captured into a graph like the rest; Caps(overlap_batches=False) keeps every launch
+on the caller's stream).
 
 Block-table entries outside [0, kv_cache.shape[0]) never fault: run_logits and the fused path do
 not read such a page and give its entries -inf, and physical top-k slots through such an entry are
@@ -75,6 +76,9 @@ class Caps:
     # selects N rows at a time, so the scratch's logits stay N x max_width x 4 bytes however many
     # rows a call has (prefill chunks of thousands of rows over long contexts)
     logits_rows: int = 0
+    # with row batches of wide rows, run_index_topk selects each batch on a side stream while the
+    # next is scored (IndexerPlan.overlap_rows); False keeps every launch on the caller's stream
+    overlap_batches: bool = True
     arch: Optional[str] = None        # None: the current CUDA device's
     num_sms: Optional[int] = None     # None: the current CUDA device's
 
@@ -310,7 +314,7 @@ class IndexerPlan(Plan):
             row_batch -= row_batch % rows_per_req
             require(row_batch >= 1, f"Caps.logits_rows: expected at least the {rows_per_req} rows of one request, "
                                     f"got {plan_logits_rows(caps)}")
-        if row_batch:
+        if row_batch and caps.overlap_batches:
             overlap_batch = plan.overlap_rows(plan_logits_rows(caps), width, rows,
                                               rows_per_req if block_table is not None and block_table.shape[0] > 1
                                               else 1)

@@ -97,3 +97,21 @@ def test_row_batches_fill_the_wide_topk_wave(width, held, batch):
                weights=torch.zeros(n, 64), width=width)
     assert b.row_batch == batch and b.logits.shape == (held, width)
     assert batch <= held and batch % 2 == 0
+
+
+def test_overlapped_batches_where_the_rows_take_the_wide_top_k():
+    """Row batches of rows wider than a top-k chunk alternate between the halves of the logits
+    region (Binding.overlap_batch) where a half still holds a row per SM; Caps(overlap_batches=
+    False) keeps them one after the other."""
+    for overlap, want in ((True, 4), (False, 0)):
+        p = _plan(max_rows=22, max_width=40000, logits_rows=8, num_sms=2, overlap_batches=overlap)
+        b = _bind(p, 22, 1, width=40000)
+        assert b.row_batch and b.overlap_batch == want
+    narrow = _plan(max_rows=22, logits_rows=8, num_sms=2)         # 4096 entries: one chunk a row
+    assert _bind(narrow, 22, 1).overlap_batch == 0
+    # the benchmark's shapes (132 SMs, a 256 MiB logits budget): 160K overlaps 176-row halves;
+    # 1M tokens at c 4 would give 128-row halves, fewer than the SMs, and stays sequential
+    for width, want in ((163840, 176), (262144, 0)):
+        held = ix.logits_rows_for(256 << 20, width, 4096)
+        p = _plan(mode="contiguous", max_rows=4096, max_width=width, logits_rows=held)
+        assert p.overlap_rows(held, width, 4096) == want
