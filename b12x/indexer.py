@@ -164,6 +164,11 @@ class IndexerPlan(Plan):
         t = self.tiling
         return t["chunk"] < width <= t["row_chunk"] and rows >= t["row_min_rows"]
 
+    def wide_route(self, rows: int, width: int) -> bool:
+        """Whether `rows` rows of `width` logits take the wide top-k: wider than one chunk, and
+        not selected one CTA per row (row_final)."""
+        return width > self.tiling["chunk"] and not self.row_final(rows, width)
+
     @property
     def wide_slots(self) -> int:
         """Wide top-k CTAs resident at once: the one wave its grid must fit (SMs x CTAs per SM)."""
@@ -184,8 +189,7 @@ class IndexerPlan(Plan):
         that fills them (slots // j, or whole waves of slots): 408 rows of 160K logits used 408 of
         528 slots, 264 use all of them. Fewer rows a batch cost the logits kernel nothing there
         (docs/notes/indexer-logits.md)."""
-        t = self.tiling
-        if width <= t["chunk"] or self.row_final(held, width) or held < 2:
+        if not self.wide_route(held, width) or held < 2:
             return held
         slots = self.wide_slots
 
@@ -208,8 +212,7 @@ class IndexerPlan(Plan):
         256-row ones). Batches of whole requests (docs/notes/indexer-logits.md)."""
         half = self.batch_rows(held // 2, width)
         half -= half % rows_per_req
-        t = self.tiling
-        if half < max(2, self.num_sms) or rows <= half or width <= t["chunk"] or self.row_final(half, width):
+        if half < max(2, self.num_sms) or rows <= half or not self.wide_route(half, width):
             return 0
         return half
 
@@ -308,16 +311,15 @@ class IndexerPlan(Plan):
         cand = tuple((scratch, plan.regions[f"cand_key_{s}"], plan.regions[f"cand_pos_{s}"],
                       plan.regions[f"cand_cnt_{s}"]) for s in "ab")
         g = plan.logits_rows_per_unit(rows, rows_per_req)
-        overlap_batch = 0
-        if row_batch and block_table is not None and block_table.shape[0] > 1:
-            # batches of whole requests (MTP rows share their request's pages)
-            row_batch -= row_batch % rows_per_req
+        # batches of whole requests (MTP rows share their request's pages)
+        req_rows = rows_per_req if block_table is not None and block_table.shape[0] > 1 else 1
+        if row_batch and req_rows > 1:
+            row_batch -= row_batch % req_rows
             require(row_batch >= 1, f"Caps.logits_rows: expected at least the {rows_per_req} rows of one request, "
                                     f"got {plan_logits_rows(caps)}")
+        overlap_batch = 0
         if row_batch and caps.overlap_batches:
-            overlap_batch = plan.overlap_rows(plan_logits_rows(caps), width, rows,
-                                              rows_per_req if block_table is not None and block_table.shape[0] > 1
-                                              else 1)
+            overlap_batch = plan.overlap_rows(plan_logits_rows(caps), width, rows, req_rows)
         return Binding(plan, rows, width, k, None if q is None else q.view(torch.uint8), weights, lengths, starts,
                        block_table, rows_per_req, active_width, physical, min(num_blocks, MAX_SLOT_BLOCKS), logits,
                        indices, scores, cand, plan.pages_per_cta(rows // g, width), row_batch, overlap_batch)
@@ -556,12 +558,11 @@ def _run_topk(b: Binding, num_blocks: int) -> tuple[torch.Tensor, Optional[torch
     require(b.logits is not None, "logits: expected a tensor in bind() (or Caps.logits_in_scratch=True), got None")
     if not b.rows:
         return b.indices, b.scores
-    t = p.tiling
     kernels = p.kernels("topk")
-    row = p.row_final(b.rows, b.width)
-    if b.width > t["chunk"] and not row:
+    if p.wide_route(b.rows, b.width):
         _run_wide_topk(b, kernels, num_blocks)
         return b.indices, b.scores
+    row = p.row_final(b.rows, b.width)
     # one CTA per row selects from its logits in shared memory: a single launch, whose candidate
     # buffers (in and out) are unused placeholders
     starts, active, bt, ratio = _row_args(b)

@@ -93,8 +93,9 @@ def main() -> int:
         outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in sets]
         binds = [p.bind(scratch, q=s["q"], weights=s["w"], lengths=s["ends"], starts=s["starts"], width=n,
                         indices=o) for s, o in zip(sets, outs)]
+        batch = binds[0].overlap_batch or binds[0].row_batch     # the rows of one batch as run_index_topk runs them
         r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "logits_rows": caps.logits_rows,
-             "batch_rows": binds[0].overlap_batch or binds[0].row_batch, "overlapped": bool(binds[0].overlap_batch),
+             "batch_rows": batch, "overlapped": bool(binds[0].overlap_batch),
              "scratch_mib": p.scratch_bytes() / 2 ** 20}
         outs[0].fill_(-7)
         ix.run_index_topk(binds[0], kv_cache=(sets[0]["kv"], sets[0]["sc"]))
@@ -104,7 +105,7 @@ def main() -> int:
                                      for b, s in zip(binds, sets)], replays=args.replays)
         # where our time goes: one batch of N rows (the last ones, the widest) scored, then
         # selected, by a plan that holds them all, scaled to the call's rows
-        nb = binds[0].overlap_batch or binds[0].row_batch or rows     # the rows of one batch as run
+        nb = batch or rows
         pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n))
         sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
         bb = [pb.bind(sb, q=s["q"][-nb:], weights=s["w"][-nb:], lengths=s["ends"][-nb:], starts=s["starts"][-nb:],
