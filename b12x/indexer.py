@@ -337,6 +337,37 @@ def logits_rows_for(budget_bytes: int, max_width: int, max_rows: int) -> int:
     return 0 if fit >= max_rows else max(2, fit - fit % 2)
 
 
+def logits_rows_within(caps: Caps, scratch_bytes: int) -> int:
+    """The Caps.logits_rows whose whole plan scratch fits scratch_bytes (0: every row's logits fit),
+    cut to the rows its batches of caps.max_rows rows of caps.max_width use: two overlapped halves
+    (IndexerPlan.overlap_rows), the batch the wide top-k fills its slots with, or equal batches.
+    An engine gives its indexer workspace; this is the row batch that makes the most of it."""
+    require(isinstance(scratch_bytes, int) and scratch_bytes > 0,
+            f"scratch_bytes: expected a positive int, got {scratch_bytes!r}")
+
+    def need(rows: int) -> int:
+        return plan(replace(caps, logits_rows=rows)).scratch_bytes()
+
+    rows = caps.max_rows
+    if need(0) <= scratch_bytes:
+        return 0
+    lo, hi = 0, rows // 2          # even row counts 2 * lo fit; 2 * (hi + 1) is the first that might not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(2 * mid) <= scratch_bytes else (lo, mid - 1)
+    require(lo >= 1, f"scratch_bytes: expected at least {need(2)} bytes (two rows of logits), got {scratch_bytes}")
+    held, width = 2 * lo, caps.max_width
+    p = plan(replace(caps, logits_rows=held))
+    half = p.overlap_rows(held, width, rows) if caps.overlap_batches else 0
+    if half:
+        return 2 * half
+    batch = p.batch_rows(held, width)
+    if p.wide_route(batch, width):
+        return batch
+    per = -(-rows // -(-rows // batch))        # the same number of batches, of equal size
+    return min(held, per + per % 2)
+
+
 def plan(caps: Caps) -> IndexerPlan:
     """Validate caps, pick the kernel specs, lay out the scratch."""
     arch = caps.arch or device_arch()
@@ -368,11 +399,14 @@ def plan(caps: Caps) -> IndexerPlan:
               ("cand_cnt_b", torch.int32, crows * groups),
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
     if caps.max_width > tiling["chunk"]:
-        # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer
-        layout += [("wide_hist", torch.int32, sel * ((1 << tiling["wide_bits"]) + 4)),
-                   ("wide_cnt", torch.int32, sel * -(-caps.max_width // tiling["wide_tile"]) * 2),
-                   ("wide_state", torch.int32, sel * 4),
-                   ("tie_key", torch.int32, sel * tiling["tie_cap"]), ("tie_pos", torch.int32, sel * tiling["tie_cap"])]
+        # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer. Rows no wider
+        # than row_chunk take the wide top-k only in launches of fewer than row_min_rows rows
+        # (IndexerPlan.wide_route), so the state covers that many there.
+        wide = sel if caps.max_width > tiling["row_chunk"] else min(sel, tiling["row_min_rows"] - 1)
+        layout += [("wide_hist", torch.int32, wide * ((1 << tiling["wide_bits"]) + 4)),
+                   ("wide_cnt", torch.int32, wide * -(-caps.max_width // tiling["wide_tile"]) * 2),
+                   ("wide_state", torch.int32, wide * 4),
+                   ("tie_key", torch.int32, wide * tiling["tie_cap"]), ("tie_pos", torch.int32, wide * tiling["tie_cap"])]
     if caps.logits_in_scratch:
         layout.append(("logits", torch.float32, sel * caps.max_width))
     return IndexerPlan(caps=caps, regions=_scratch.layout(layout), arch=arch, num_sms=sms, logits_spec=logits_spec,

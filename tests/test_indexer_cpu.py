@@ -188,7 +188,8 @@ def _scratch(p):
 @pytest.mark.parametrize("width", (16385, 32768, 131072, 262144))
 def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     """The CTAs of a row wait for each other: a row's CTAs must all fit one wave of the SMs
-    (or be a single CTA, which waits on no one), and their counts fit the scratch region."""
+    (or be a single CTA, which waits on no one), and their counts fit the scratch region where
+    the rows take the wide top-k (row_final selects 64 or more rows of up to 32K in one CTA each)."""
     p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=rows, max_width=width, arch="sm_90a", num_sms=132))
     t = p.tiling
     tiles = -(-width // t["wide_tile"])
@@ -196,7 +197,8 @@ def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     per_row = -(-tiles // tpc)
     assert 1 <= tpc <= tiles
     assert per_row == 1 or rows * per_row <= 132 * t["wide_min_ctas"]
-    assert rows * 2 * per_row <= p.regions["wide_cnt"].numel
+    assert rows * 2 * per_row <= p.regions["wide_cnt"].numel or (not p.wide_route(rows, width)
+                                                                  and p.row_final(rows, width))
 
 
 def test_wide_topk_arguments_are_views_of_scratch():

@@ -115,3 +115,34 @@ def test_overlapped_batches_where_the_rows_take_the_wide_top_k():
         held = ix.logits_rows_for(256 << 20, width, 4096)
         p = _plan(mode="contiguous", max_rows=4096, max_width=width, logits_rows=held)
         assert p.overlap_rows(held, width, 4096) == want
+
+
+@pytest.mark.parametrize("width,rows_want,half", [(32768, 2048, 0), (163840, 528, 264), (262144, 352, 176)])
+def test_logits_rows_within_a_workspace(width, rows_want, half):
+    """4096 prefill rows in a 512 MiB workspace: the whole scratch fits, and the region holds just
+    what the batches use: two overlapped halves that fill the wide top-k's slots (160K, 1M tokens
+    c 4), or equal batches (32K: two of 2048)."""
+    caps = ix.Caps(num_heads=64, topk=2048, mode="contiguous", max_rows=4096, max_width=width, arch="sm_90a",
+                   num_sms=132)
+    n = ix.logits_rows_within(caps, 512 << 20)
+    assert n == rows_want
+    p = _plan(mode="contiguous", max_rows=4096, max_width=width, logits_rows=n, with_scores=False)
+    assert p.scratch_bytes() <= 512 << 20
+    assert p.overlap_rows(n, width, 4096) == half
+    if half:
+        assert p.batch_rows(half, width) == half          # bind finds the same halves again
+    assert ix.logits_rows_within(caps, 64 << 30) == 0     # everything fits
+    with pytest.raises(InputError, match="scratch_bytes"):
+        ix.logits_rows_within(caps, 1 << 20)
+
+
+def test_wide_state_covers_the_rows_that_take_the_wide_top_k():
+    """Rows of at most row_chunk logits take the wide top-k only in launches of fewer than
+    row_min_rows rows (row_final takes the rest), so their wide state covers that many; wider rows
+    need it for every row of a batch."""
+    narrow = _plan(mode="contiguous", max_rows=4096, max_width=32768, logits_rows=2048, with_scores=False)
+    t = narrow.tiling
+    assert narrow.regions["tie_key"].numel == (t["row_min_rows"] - 1) * t["tie_cap"]
+    assert narrow.wide_route(t["row_min_rows"] - 1, 32768) and not narrow.wide_route(t["row_min_rows"], 32768)
+    wide = _plan(mode="contiguous", max_rows=4096, max_width=65536, logits_rows=512, with_scores=False)
+    assert wide.regions["tie_key"].numel == 512 * t["tie_cap"]
