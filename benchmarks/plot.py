@@ -2,7 +2,7 @@
 bench_sparse_mla_v4.py --json) into the PNG that benchmarks/RESULTS.md shows, with the roofline and
 the commit measured.
 
-    python benchmarks/plot.py {decode,extend,indexer,dcp,v4} RESULT.json OUT.png
+    python benchmarks/plot.py {decode,extend,indexer,indexer-prefill,dcp,v4} RESULT.json OUT.png
 
 The commit in the title is the JSON's; a JSON without one (older runs wrote "unknown") takes
 $B12X_COMMIT, else the checkout's HEAD, and says so on stderr."""
@@ -197,7 +197,41 @@ def plot_v4(data: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-PLOTS = {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer, "dcp": plot_dcp, "v4": plot_v4}
+def plot_indexer_prefill(data: dict, path: str) -> None:
+    """Per prefill case, ms: ours (the overlapped total) beside the peer (DeepGEMM logits, then
+    torch.topk), with the roofline: the logits' FLOPs at the fp8 tensor rate (2 x the measured
+    bf16 rate) or their bytes at 4.3 TB/s (K and q read, the fp32 logits written and read once),
+    whichever is longer."""
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    xs = range(len(rows))
+    ours = [r["ours_us"] / 1e3 for r in rows]
+    dg = [(r["peer_logits_us"] or float("nan")) / 1e3 for r in rows]
+    dg_topk = [((r["peer_us"] or float("nan")) - (r["peer_logits_us"] or float("nan"))) / 1e3 for r in rows]
+    ax.bar([x - 0.2 for x in xs], ours, 0.38, label="b12x logits + top-k (row batches, overlapped)")
+    ax.bar([x + 0.2 for x in xs], dg, 0.38, label="DeepGEMM logits")
+    ax.bar([x + 0.2 for x in xs], dg_topk, 0.38, bottom=dg, label="torch.topk")
+    for x, r in zip(xs, rows):
+        entries = sum((r["ctx"] - r["rows"] + i + 1) // r["c"] for i in range(r["rows"]))
+        flops = 2 * entries * 64 * 128
+        nbytes = r["width"] * 132 + r["rows"] * 64 * 132 + 2 * 4 * entries
+        roof = max(flops / (2 * BF16_FLOP_PER_S), nbytes / HBM_BYTES_PER_S) * 1e3
+        ax.hlines(roof, x - 0.42, x + 0.42, **ROOF, label="roofline" if x == 0 else None)
+        if r.get("ratio"):
+            ax.annotate(f"{r['ratio']:.2f}x", (x - 0.2, r["ours_us"] / 1e3), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"{r['rows']} rows x {r['ctx'] // 1024}K, c {r['c']}\n{r['scratch_mib']:.0f} MiB"
+                             for r in rows], fontsize=8)
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title(data, "indexer prefill, H=64, K=2048 (annotated: ours / peer)"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+PLOTS = {"decode": plot_decode, "extend": plot_extend, "indexer": plot_indexer, "dcp": plot_dcp, "v4": plot_v4,
+         "indexer-prefill": plot_indexer_prefill}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
