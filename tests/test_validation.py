@@ -177,6 +177,22 @@ def test_register_form_counts_one_slot_an_sm_for_short_splits():
                     sm.partial_size(heads, q.head_block, q.caps.v_head_dim))[0]
 
 
+def test_warp_group_plans_by_the_share_of_its_busiest_sm():
+    """The 8-head warp group (4 CTAs an SM) is planned by split_plan(sm_share=True): one wave's
+    tile costs (2 + k) / 6 of a full wave's when the busiest SM holds k CTAs, more waves count
+    whole. Row counts where that moved the plan, each measured faster (docs/notes/launch-and-splits.md):
+    33 rows 11 -> 16 splits, 40 8 -> 11, 78 6 -> 5, 96 5 -> 4, 100 4 -> 5; 64 and 128 rows keep
+    8 and 4. The scratch holds the partials of every row count."""
+    p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
+    want = {33: 16, 40: 11, 48: 11, 64: 8, 72: 7, 78: 5, 88: 6, 96: 4, 100: 5, 105: 5, 108: 4, 128: 4, 192: 2, 256: 2}
+    assert {r: p.splits(r, 2048)[0] for r in want} == want
+    assert all(p.split_form(r)[2] for r in want) and not any(p.split_form(r)[2] for r in (1, 32))
+    for rows in range(33, 257):
+        s, tps = p.splits(rows, 2048)
+        assert s * tps >= 2048 and (s - 1) * tps < 2048, rows
+        assert rows * s * 8 * 512 * 2 <= p.regions["partial_o"].nbytes, rows
+
+
 def test_scratch_covers_every_width_and_row_count_of_a_two_list_plan():
     """The split cost model is not monotone in the width (a main list of 128 + 8192 extra entries
     wants more splits than the plan's widest 512 + 8192 row at some row counts): every bind's

@@ -73,7 +73,7 @@ class Caps:
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
-               block_partial: float = 0.0, resident_min_tiles: int = 0) -> tuple[int, int]:
+               block_partial: float = 0.0, resident_min_tiles: int = 0, sm_share: bool = False) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
 
         waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
@@ -86,7 +86,13 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     keep it at one split, where the model was fitted to their measured split counts
     (docs/notes/launch-and-splits.md). resident_min_tiles: a split of fewer tiles than this
     counts one slot an SM, whatever ctas_per_sm (a form whose second resident CTA adds no
-    throughput to short splits). Ties go to fewer splits."""
+    throughput to short splits). sm_share: a form whose CTAs share an SM's throughput (the 8-head
+    warp group, 4 CTAs an SM): a tile of a single wave that leaves the busiest SM k CTAs costs
+    (2 + k) / (2 + ctas_per_sm) of one in a full wave (fitted to its times at 33-128 rows: a round
+    of k CTAs' tiles took 4.6 / 5.55 / 6.75 µs at k = 2 / 3 / 4, and a CTA's fixed part did not
+    show apart from its tiles in one wave; more waves count it, as above), and its combine, a few
+    µs against a split of 25-55, weighs 0.001 a partial row (docs/notes/launch-and-splits.md).
+    Ties go to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -97,7 +103,15 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
             continue  # same tiles per split as a smaller s: no new plan
         combine = 0.0 if s == 1 and block_partial >= 1 else 0.01 * ctas * s
         wave = slots if tps >= resident_min_tiles else max(1, num_sms)
-        cost = -(-(ctas * s) // wave) * (1 + tps) + combine
+        waves = -(-(ctas * s) // wave)
+        if sm_share:
+            # a tile of a wave that leaves the busiest SM k CTAs costs (2 + k) / (2 + ctas_per_sm)
+            # of one in a full wave, and a CTA's fixed part is within that
+            busiest = -(-(ctas * s) // max(1, num_sms))
+            tile_cost = (2 + busiest) / (2 + ctas_per_sm) * tps if waves == 1 else waves * (1 + tps)
+            cost = tile_cost + 0.001 * ctas * s
+        else:
+            cost = waves * (1 + tps) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
     return best[1], best[2] * PAGE
@@ -148,9 +162,9 @@ class SparseMLAPlan(Plan):
         """split_plan's choice for this call, capped at the splits of the plan's widest row: the
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
-        ctas_per_sm, resident = self.split_form(rows)
+        ctas_per_sm, resident, share = self.split_form(rows)
         s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, ctas_per_sm,
-                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), resident)
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), resident, share)
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
@@ -163,8 +177,9 @@ class SparseMLAPlan(Plan):
         wg = self.warp_group_min_rows
         return "split_warp_group" if wg and rows >= wg else "split"
 
-    def split_form(self, rows: int) -> tuple[int, int]:
-        """(ctas_per_sm, resident_min_tiles) of the split kernel that runs `rows` rows."""
+    def split_form(self, rows: int) -> tuple[int, int, bool]:
+        """(ctas_per_sm, resident_min_tiles, sm_share) of the split kernel that runs `rows` rows
+        (split_plan's arguments)."""
         return _split_form(rows, self.ctas_per_sm, self.resident_min_tiles, self.warp_group_min_rows,
                            self.warp_group_ctas_per_sm)
 
@@ -418,15 +433,15 @@ def _sink_arg(binding: Binding, attn_sink: torch.Tensor | None) -> torch.Tensor:
     return binding.lse[0] if attn_sink is None else attn_sink
 
 
-def _split_form(rows: int, ctas_per_sm: int, resident: int, wg_min_rows: int, wg_ctas: int) -> tuple[int, int]:
+def _split_form(rows: int, ctas_per_sm: int, resident: int, wg_min_rows: int, wg_ctas: int) -> tuple[int, int, bool]:
     if wg_min_rows and rows >= wg_min_rows:
-        return wg_ctas, 0
-    return ctas_per_sm, resident
+        return wg_ctas, 0, True
+    return ctas_per_sm, resident, False
 
 
 def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, resident, wg_rows, wg_ctas) -> int:
-    ctas, res = _split_form(rows, ctas_per_sm, resident, wg_rows, wg_ctas)
-    return split_plan(rows, width, sms, head_blocks, ctas, part, res)[0]
+    ctas, res, share = _split_form(rows, ctas_per_sm, resident, wg_rows, wg_ctas)
+    return split_plan(rows, width, sms, head_blocks, ctas, part, res, share)[0]
 
 
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:

@@ -178,6 +178,21 @@ def test_warp_group_split_matches_reference(sink, lse_base):
     assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
 
 
+@pytest.mark.parametrize("rows", (33, 40, 100))
+def test_warp_group_split_counts_of_the_share_model(rows):
+    """Row counts whose plans split 16, 11 and 5 ways (split_plan's sm_share), sink and base-2
+    lse, against the reference."""
+    p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=rows))
+    assert p.split_entry(rows) == "split_warp_group"
+    case = random_case(rows, 8, 2048, "fp8_ds_mla", seed=rows, invalid_frac=0.1)
+    case.lengths[1] = 0
+    case.lengths[2] = 700           # a row that ends inside a split
+    s = torch.randn(8, device="cuda") * 2
+    out, lse = run_ours(case, "fp8_ds_mla", sink=s, lse_base="2")
+    check(case, out, lse, sink=s, lse_base="2")
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+
+
 def test_warp_group_split_page_strided_view_past_2gib():
     """A page-strided view whose data lives past 2^31 bytes, read by the warp-group split."""
     small = _warp_group_case(37, blocks=256, page_stride_pad=4096)
