@@ -36,13 +36,19 @@ HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (
 # 64-head producer block (its raw shared-memory form is not built for model1 pages).
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
-# The 8/16-head register form over fp8_ds_mla (records through registers, heads as N): two CTAs
-# an SM run a short split no faster than one (32 rows x 8 heads, split kernel: 8 splits of 4
-# tiles at two an SM 21.8 us, 4 splits of 8 tiles at one 21.9), and the extra partials cost the
-# combine; from 8 tiles a split the second CTA pays (128 x 8: 2 splits 64.3 us, 1 split 68.7).
-# model1_fp8's 8/16-head plans keep the plain count: the rule measured slower there (B=32 h=16
-# + C128 28.8 -> 31.8 us). docs/notes/launch-and-splits.md.
-RESIDENT_MIN_TILES = 8
+# Split planning by the share of the busiest SM (b12x.attention.sparse_mla.split_plan, sm_share):
+# forms whose resident CTAs share one SM's throughput. A tile of a single wave that leaves the
+# busiest SM k CTAs costs (c + k) / (c + ctas_per_sm) of one in a full wave, and the combine
+# weighs w a partial row: SM_SHARE = (c, w). Fitted to forced split counts through the runtime
+# (benchmarks/probe_splits.py; docs/notes/launch-and-splits.md):
+#  - the 8/16-head register form over fp8_ds_mla (2 CTAs an SM): a second CTA adds ~10% to the
+#    SM (16 heads at 40 rows: 3 splits of 11 tiles, one CTA an SM, 31.5 us; 4 splits of 8 tiles,
+#    two on 28 SMs, 39.3); model1_fp8's 8/16-head plans keep the plain count (a short-split rule
+#    measured slower there: B=32 h=16 + C128 28.8 -> 31.8 us);
+#  - the 8-head warp group (4 CTAs an SM): a round of k CTAs' tiles took 4.6 / 5.55 / 6.75 us at
+#    k = 2 / 3 / 4.
+REGISTER_SM_SHARE = (0.25, 0.005)
+WARP_GROUP_SM_SHARE = (2.0, 0.001)
 # The 8-head fp8_ds_mla decode split also has a warp-group form on mma.sync (cute_blocks/
 # sparse_mla/warp_group.py: 128 threads held to 128 registers, 4 CTAs an SM, no short-split
 # rule). It runs calls of WARP_GROUP_MIN_ROWS rows or more: from there the register form's splits
@@ -86,8 +92,8 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     raw_stages:  fp8 KV only: tiles of raw records in flight (cp.async into smem,
                  dequantised smem -> smem right before their math). 0 for bf16 KV.
     ctas_per_sm: CTAs one SM holds at this shared-memory size (the split policy's wave size).
-    resident_min_tiles: splits of fewer tiles count one CTA an SM in the split policy (the
-                 register form over fp8_ds_mla, RESIDENT_MIN_TILES), else 0.
+    sm_share:    the split policy's per-SM share model (REGISTER_SM_SHARE for the register form over
+                 fp8_ds_mla), else None.
     wgmma:       sm_90a, 64-head blocks: the main loop runs on Hopper warpgroup MMA (two
                  warpgroups; warpgroup g computes S for tokens [32g, 32g+32) with
                  wgmma 64x32x16 from smem Q/K (s_one_warpgroup: warpgroup 0 all 64 tokens,
@@ -195,7 +201,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "stages": stages,
         "raw_stages": raw_stages,
         "ctas_per_sm": ctas_per_sm,
-        "resident_min_tiles": RESIDENT_MIN_TILES if fp8_regs and heads_as_n and kv_format == "fp8_ds_mla" else 0,
+        "sm_share": REGISTER_SM_SHARE if fp8_regs and heads_as_n and kv_format == "fp8_ds_mla" else None,
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,

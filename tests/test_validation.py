@@ -154,22 +154,24 @@ def test_one_split_pays_no_combine_for_whole_64_head_blocks():
         assert p.splits(rows, 2048)[0] == want, (heads, rows)
 
 
-def test_register_form_counts_one_slot_an_sm_for_short_splits():
-    """fp8_ds_mla at 8 and 16 heads: a second resident CTA runs a split of fewer than 8 tiles no
-    faster than one, so 16 and 32 rows take 8 and 4 splits (measured 15.2 / 22.8 us at 8 heads
-    against 15.9 / 23.9 at 16 and 8); from 8 tiles a split two CTAs an SM pay (128 rows keep 2
-    splits). model1_fp8 and bf16 plans are unchanged (split_plan without the rule). 8 heads from
-    33 rows run the warp-group split, planned without the rule."""
+def test_register_form_plans_by_the_share_of_its_busiest_sm():
+    """fp8_ds_mla at 8 and 16 heads (the register form, two CTAs an SM): split_plan's sm_share
+    model, where a second resident CTA adds ~10% to the SM. Its plans at the decode grid's rows;
+    the row counts where it moved the plan from the earlier short-split rule, each measured
+    faster (docs/notes/launch-and-splits.md): 23 rows 5 -> 11 splits, 16 heads at 36 rows 4 -> 7,
+    40 4 -> 3, 48 4 -> 5. model1_fp8 and bf16 plans keep the plain model. 8 heads from 33 rows run
+    the warp-group split (its own share)."""
     for heads in (8, 16):
         p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=128, arch="sm_90a", num_sms=132))
-        assert p.resident_min_tiles == sm.RESIDENT_MIN_TILES
-        # 8 heads: from 33 rows the warp-group split (4 CTAs an SM, no short-split rule)
+        assert p.sm_share == sm.REGISTER_SM_SHARE
         want = [32, 32, 16, 8, 4, 8, 4] if heads == 8 else [32, 32, 16, 8, 4, 4, 2]
         assert [p.splits(r, 2048)[0] for r in (1, 4, 8, 16, 32, 64, 128)] == want
+        moved = {23: 11, 24: 11, 28: 4} if heads == 8 else {23: 11, 36: 7, 40: 3, 48: 5, 60: 4, 72: 3, 96: 2}
+        assert {r: p.splits(r, 2048)[0] for r in moved} == moved
         for caps in (sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=128),
                      sm.v4_caps(num_heads=heads, topk=512, page_size=256, extra_topk=8192, extra_page_size=2)):
             q = sm.plan(dataclasses.replace(caps, arch="sm_90a", num_sms=132))
-            assert q.resident_min_tiles == 0
+            assert q.sm_share is None
             for rows in (8, 16, 32, 64):
                 width = 2048 if q.caps.kv_format == "bf16" else 640
                 assert q.splits(rows, width)[0] == sm.split_plan(
@@ -178,15 +180,16 @@ def test_register_form_counts_one_slot_an_sm_for_short_splits():
 
 
 def test_warp_group_plans_by_the_share_of_its_busiest_sm():
-    """The 8-head warp group (4 CTAs an SM) is planned by split_plan(sm_share=True): one wave's
-    tile costs (2 + k) / 6 of a full wave's when the busiest SM holds k CTAs, more waves count
-    whole. Row counts where that moved the plan, each measured faster (docs/notes/launch-and-splits.md):
+    """The 8-head warp group (4 CTAs an SM) is planned by split_plan's sm_share (WARP_GROUP_SM_SHARE):
+    one wave's tile costs (2 + k) / 6 of a full wave's when the busiest SM holds k CTAs, more waves
+    count whole. Row counts where that moved the plan, each measured faster (docs/notes/launch-and-splits.md):
     33 rows 11 -> 16 splits, 40 8 -> 11, 78 6 -> 5, 96 5 -> 4, 100 4 -> 5; 64 and 128 rows keep
     8 and 4. The scratch holds the partials of every row count."""
     p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
     want = {33: 16, 40: 11, 48: 11, 64: 8, 72: 7, 78: 5, 88: 6, 96: 4, 100: 5, 105: 5, 108: 4, 128: 4, 192: 2, 256: 2}
     assert {r: p.splits(r, 2048)[0] for r in want} == want
-    assert all(p.split_form(r)[2] for r in want) and not any(p.split_form(r)[2] for r in (1, 32))
+    assert all(p.split_form(r)[1] == sm.WARP_GROUP_SM_SHARE for r in want)
+    assert all(p.split_form(r)[1] == sm.REGISTER_SM_SHARE for r in (1, 32))
     for rows in range(33, 257):
         s, tps = p.splits(rows, 2048)
         assert s * tps >= 2048 and (s - 1) * tps < 2048, rows

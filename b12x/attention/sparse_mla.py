@@ -23,7 +23,7 @@ import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SparseMLASpec
-from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, RESIDENT_MIN_TILES  # noqa: F401 (re-exported)
+from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, REGISTER_SM_SHARE, WARP_GROUP_SM_SHARE  # noqa: F401 (re-exported)
 
 from .. import registry
 from .. import scratch as _scratch
@@ -73,7 +73,7 @@ class Caps:
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
-               block_partial: float = 0.0, resident_min_tiles: int = 0, sm_share: bool = False) -> tuple[int, int]:
+               block_partial: float = 0.0, sm_share: tuple[float, float] | None = None) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
 
         waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
@@ -84,15 +84,16 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     writes none, so the term is dropped there where a CTA's partial is a whole 64-head x
     512-dim block (block_partial >= 1, partial_size), the size it stands for. Smaller blocks
     keep it at one split, where the model was fitted to their measured split counts
-    (docs/notes/launch-and-splits.md). resident_min_tiles: a split of fewer tiles than this
-    counts one slot an SM, whatever ctas_per_sm (a form whose second resident CTA adds no
-    throughput to short splits). sm_share: a form whose CTAs share an SM's throughput (the 8-head
-    warp group, 4 CTAs an SM): a tile of a single wave that leaves the busiest SM k CTAs costs
-    (2 + k) / (2 + ctas_per_sm) of one in a full wave (fitted to its times at 33-128 rows: a round
-    of k CTAs' tiles took 4.6 / 5.55 / 6.75 µs at k = 2 / 3 / 4, and a CTA's fixed part did not
-    show apart from its tiles in one wave; more waves count it, as above), and its combine, a few
-    µs against a split of 25-55, weighs 0.001 a partial row (docs/notes/launch-and-splits.md).
-    Ties go to fewer splits."""
+    (docs/notes/launch-and-splits.md).
+
+    sm_share = (c, w), for forms whose resident CTAs share an SM's throughput
+    (codegen.tiling.REGISTER_SM_SHARE, WARP_GROUP_SM_SHARE): within one wave a split costs
+
+        tiles_per_split(s) * (c + k) / (c + ctas_per_sm)  +  w * rows * head_blocks * s
+
+    with k the CTAs the busiest SM holds (ceil(CTAs / num_sms)): the CTAs' fixed parts overlap
+    within a wave, the SM's throughput grows little with a second CTA (c small) or steadily up to
+    four (c = 2). More waves count as above. Ties go to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -101,16 +102,13 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
         tps = -(-tiles // s)
         if -(-tiles // tps) != s:
             continue  # same tiles per split as a smaller s: no new plan
-        combine = 0.0 if s == 1 and block_partial >= 1 else 0.01 * ctas * s
-        wave = slots if tps >= resident_min_tiles else max(1, num_sms)
-        waves = -(-(ctas * s) // wave)
-        if sm_share:
-            # a tile of a wave that leaves the busiest SM k CTAs costs (2 + k) / (2 + ctas_per_sm)
-            # of one in a full wave, and a CTA's fixed part is within that
+        waves = -(-(ctas * s) // slots)
+        if sm_share is not None and waves == 1:
+            c, w = sm_share
             busiest = -(-(ctas * s) // max(1, num_sms))
-            tile_cost = (2 + busiest) / (2 + ctas_per_sm) * tps if waves == 1 else waves * (1 + tps)
-            cost = tile_cost + 0.001 * ctas * s
+            cost = tps * (c + busiest) / (c + ctas_per_sm) + w * ctas * s
         else:
+            combine = 0.0 if s == 1 and block_partial >= 1 else (sm_share[1] if sm_share else 0.01) * ctas * s
             cost = waves * (1 + tps) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
@@ -129,8 +127,8 @@ class SparseMLAPlan(Plan):
     num_sms: int
     head_block: int
     ctas_per_sm: int = 1
-    # split_plan's resident_min_tiles (the tiling's: its form's second resident CTA and short splits)
-    resident_min_tiles: int = 0
+    # split_plan's sm_share of the plan's split form (the tiling's; None: the plain model)
+    sm_share: Optional[tuple[float, float]] = None
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
     # decode: the splits of the plan's widest row at 1 .. max_rows rows (what the scratch holds)
@@ -162,9 +160,9 @@ class SparseMLAPlan(Plan):
         """split_plan's choice for this call, capped at the splits of the plan's widest row: the
         cost model is not monotone in the width (a narrower row can want more splits), and the
         scratch holds partials for the widest row's splits only."""
-        ctas_per_sm, resident, share = self.split_form(rows)
+        ctas_per_sm, share = self.split_form(rows)
         s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, ctas_per_sm,
-                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), resident, share)
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), share)
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
@@ -177,10 +175,10 @@ class SparseMLAPlan(Plan):
         wg = self.warp_group_min_rows
         return "split_warp_group" if wg and rows >= wg else "split"
 
-    def split_form(self, rows: int) -> tuple[int, int, bool]:
-        """(ctas_per_sm, resident_min_tiles, sm_share) of the split kernel that runs `rows` rows
-        (split_plan's arguments)."""
-        return _split_form(rows, self.ctas_per_sm, self.resident_min_tiles, self.warp_group_min_rows,
+    def split_form(self, rows: int) -> tuple[int, Optional[tuple[float, float]]]:
+        """(ctas_per_sm, sm_share) of the split kernel that runs `rows` rows (split_plan's
+        arguments)."""
+        return _split_form(rows, self.ctas_per_sm, self.sm_share, self.warp_group_min_rows,
                            self.warp_group_ctas_per_sm)
 
     def bind(self, scratch: torch.Tensor, *, q: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
@@ -217,7 +215,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     ext_tile = replace(spec, mode="extend").tiling()
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
-    resident = int(tile["resident_min_tiles"])
+    share = tile["sm_share"]
     wg_rows, wg_ctas = int(tile["warp_group_min_rows"]), int(tile["warp_group_ctas_per_sm"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
@@ -227,7 +225,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
         part = partial_size(h, head_block, d_v)
-        widest_splits = tuple(_widest(r, width, sms, head_blocks, part, ctas_per_sm, resident, wg_rows, wg_ctas)
+        widest_splits = tuple(_widest(r, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas)
                               for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
@@ -244,7 +242,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
                                       f"got {caps.max_splits!r}")
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
-                         ctas_per_sm=ctas_per_sm, resident_min_tiles=resident, whole_row=whole_row,
+                         ctas_per_sm=ctas_per_sm, sm_share=share, whole_row=whole_row,
                          widest_splits=widest_splits, warp_group_min_rows=wg_rows, warp_group_ctas_per_sm=wg_ctas)
 
 
@@ -433,15 +431,15 @@ def _sink_arg(binding: Binding, attn_sink: torch.Tensor | None) -> torch.Tensor:
     return binding.lse[0] if attn_sink is None else attn_sink
 
 
-def _split_form(rows: int, ctas_per_sm: int, resident: int, wg_min_rows: int, wg_ctas: int) -> tuple[int, int, bool]:
+def _split_form(rows: int, ctas_per_sm: int, share, wg_min_rows: int, wg_ctas: int) -> tuple:
     if wg_min_rows and rows >= wg_min_rows:
-        return wg_ctas, 0, True
-    return ctas_per_sm, resident, False
+        return wg_ctas, WARP_GROUP_SM_SHARE
+    return ctas_per_sm, share
 
 
-def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, resident, wg_rows, wg_ctas) -> int:
-    ctas, res, share = _split_form(rows, ctas_per_sm, resident, wg_rows, wg_ctas)
-    return split_plan(rows, width, sms, head_blocks, ctas, part, res, share)[0]
+def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas) -> int:
+    ctas, sh = _split_form(rows, ctas_per_sm, share, wg_rows, wg_ctas)
+    return split_plan(rows, width, sms, head_blocks, ctas, part, sh)[0]
 
 
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:

@@ -178,16 +178,18 @@ def test_warp_group_split_matches_reference(sink, lse_base):
     assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
 
 
-@pytest.mark.parametrize("rows", (33, 40, 100))
-def test_warp_group_split_counts_of_the_share_model(rows):
-    """Row counts whose plans split 16, 11 and 5 ways (split_plan's sm_share), sink and base-2
-    lse, against the reference."""
-    p = sm.plan(sm.Caps(num_heads=8, topk=2048, max_rows=rows))
-    assert p.split_entry(rows) == "split_warp_group"
-    case = random_case(rows, 8, 2048, "fp8_ds_mla", seed=rows, invalid_frac=0.1)
+@pytest.mark.parametrize("heads,rows", [(8, 33), (8, 40), (8, 100), (8, 23), (16, 36), (16, 40)])
+def test_split_counts_of_the_share_model(heads, rows):
+    """Row counts whose plans split 16, 11, 5 (the 8-head warp group), 11, 7 and 3 ways (the
+    register form) under split_plan's sm_share, sink and base-2 lse, against the reference."""
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, max_rows=rows))
+    assert p.split_entry(rows) == ("split_warp_group" if heads == 8 and rows >= 33 else "split")
+    assert p.splits(rows, 2048)[0] == {(8, 33): 16, (8, 40): 11, (8, 100): 5, (8, 23): 11, (16, 36): 7,
+                                       (16, 40): 3}[(heads, rows)]
+    case = random_case(rows, heads, 2048, "fp8_ds_mla", seed=rows + heads, invalid_frac=0.1)
     case.lengths[1] = 0
     case.lengths[2] = 700           # a row that ends inside a split
-    s = torch.randn(8, device="cuda") * 2
+    s = torch.randn(heads, device="cuda") * 2
     out, lse = run_ours(case, "fp8_ds_mla", sink=s, lse_base="2")
     check(case, out, lse, sink=s, lse_base="2")
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
