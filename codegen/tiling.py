@@ -49,6 +49,11 @@ FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 #    k = 2 / 3 / 4.
 REGISTER_SM_SHARE = (0.25, 0.005)
 WARP_GROUP_SM_SHARE = (2.0, 0.001)
+# fp8 decode at 32 heads: one-split calls run the whole-row kernel, the 64-head producer form,
+# whose tile costs ~0.7-0.8 of the split form's (heads as N, raw stages): split_plan counts the
+# one-split option at this factor (96 rows: 1 split 87.4 us against 4 splits 99.2; 160 rows:
+# 4 splits 159.4 against 170.6 at 1, which a factor under 0.75 would get wrong).
+PRODUCER_WHOLE_ROW_COST = 0.8
 # The 8-head fp8_ds_mla decode split also has a warp-group form on mma.sync (cute_blocks/
 # sparse_mla/warp_group.py: 128 threads held to 128 registers, 4 CTAs an SM, no short-split
 # rule). It runs calls of WARP_GROUP_MIN_ROWS rows or more: from there the register form's splits

@@ -179,6 +179,19 @@ def test_register_form_plans_by_the_share_of_its_busiest_sm():
                     sm.partial_size(heads, q.head_block, q.caps.v_head_dim))[0]
 
 
+def test_fp8_32_heads_counts_the_faster_whole_row_form():
+    """fp8 at 32 heads: one split runs the whole-row kernel in the 64-head producer form, whose tile
+    costs less than the split form's (PRODUCER_WHOLE_ROW_COST); measured at 89-99 rows (1 split
+    87 µs against 98-100 at 4) and 184-216 (171-173 against 177-208). Other plans count it at 1."""
+    p = sm.plan(sm.Caps(num_heads=32, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
+    assert p.whole_row and p.whole_row_cost == sm.PRODUCER_WHOLE_ROW_COST
+    want = {48: 2, 72: 3, 96: 1, 112: 1, 160: 4, 184: 1, 216: 1}
+    assert {r: p.splits(r, 2048)[0] for r in want} == want
+    for heads, fmt in ((16, "fp8_ds_mla"), (64, "fp8_ds_mla"), (128, "fp8_ds_mla"), (32, "bf16")):
+        q = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=fmt, max_rows=8, arch="sm_90a", num_sms=132))
+        assert q.whole_row_cost == 1.0, (heads, fmt)
+
+
 def test_warp_group_plans_by_the_share_of_its_busiest_sm():
     """The 8-head warp group (4 CTAs an SM) is planned by split_plan's sm_share (WARP_GROUP_SM_SHARE):
     one wave's tile costs (2 + k) / 6 of a full wave's when the busiest SM holds k CTAs, more waves

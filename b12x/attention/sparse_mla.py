@@ -23,7 +23,8 @@ import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SparseMLASpec
-from codegen.tiling import COMBINE_FEW_SPLITS, MAX_SPLITS, REGISTER_SM_SHARE, WARP_GROUP_SM_SHARE  # noqa: F401 (re-exported)
+from codegen.tiling import (COMBINE_FEW_SPLITS, MAX_SPLITS, PRODUCER_WHOLE_ROW_COST, REGISTER_SM_SHARE,  # noqa: F401
+                            WARP_GROUP_SM_SHARE)
 
 from .. import registry
 from .. import scratch as _scratch
@@ -73,7 +74,8 @@ class Caps:
 
 
 def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_sm: int = 1,
-               block_partial: float = 0.0, sm_share: tuple[float, float] | None = None) -> tuple[int, int]:
+               block_partial: float = 0.0, sm_share: tuple[float, float] | None = None,
+               whole_row_cost: float = 1.0) -> tuple[int, int]:
     """(num_splits, tokens_per_split) in 64-token tiles, from a small cost model in tile-times:
 
         waves(s) * (1 + tiles_per_split(s))  +  0.01 * rows * head_blocks * s
@@ -93,7 +95,9 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
 
     with k the CTAs the busiest SM holds (ceil(CTAs / num_sms)): the CTAs' fixed parts overlap
     within a wave, the SM's throughput grows little with a second CTA (c small) or steadily up to
-    four (c = 2). More waves count as above. Ties go to fewer splits."""
+    four (c = 2). More waves count as above. whole_row_cost scales the one-split option's tiles
+    where one split runs a faster form than the splits (fp8 at 32 heads: the 64-head producer,
+    codegen.tiling.PRODUCER_WHOLE_ROW_COST). Ties go to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -109,7 +113,7 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
             cost = tps * (c + busiest) / (c + ctas_per_sm) + w * ctas * s
         else:
             combine = 0.0 if s == 1 and block_partial >= 1 else (sm_share[1] if sm_share else 0.01) * ctas * s
-            cost = waves * (1 + tps) + combine
+            cost = waves * (1 + tps) * (whole_row_cost if s == 1 else 1.0) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
     return best[1], best[2] * PAGE
@@ -129,6 +133,8 @@ class SparseMLAPlan(Plan):
     ctas_per_sm: int = 1
     # split_plan's sm_share of the plan's split form (the tiling's; None: the plain model)
     sm_share: Optional[tuple[float, float]] = None
+    # split_plan's whole_row_cost: the whole-row kernel's tile against the split form's
+    whole_row_cost: float = 1.0
     # decode: the extend kernel runs the same tile loop, so one-split calls may use it
     whole_row: bool = False
     # decode: the splits of the plan's widest row at 1 .. max_rows rows (what the scratch holds)
@@ -162,7 +168,8 @@ class SparseMLAPlan(Plan):
         scratch holds partials for the widest row's splits only."""
         ctas_per_sm, share = self.split_form(rows)
         s, tps = split_plan(rows, width, self.num_sms, self.head_blocks, ctas_per_sm,
-                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), share)
+                            partial_size(self.caps.num_heads, self.head_block, self.caps.v_head_dim), share,
+                            self.whole_row_cost)
         cap = self.widest_splits[rows - 1]
         if s > cap:
             tiles = max(1, width // PAGE)
@@ -216,6 +223,8 @@ def plan(caps: Caps) -> SparseMLAPlan:
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     share = tile["sm_share"]
+    # one split runs a faster form than the splits: the 64-head producer (fp8 at 32 heads)
+    whole_cost = PRODUCER_WHOLE_ROW_COST if whole_row and ext_tile["producer"] and not tile["producer"] else 1.0
     wg_rows, wg_ctas = int(tile["warp_group_min_rows"]), int(tile["warp_group_ctas_per_sm"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
@@ -225,7 +234,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
         head_blocks = -(-h // head_block)
         width = caps.topk + caps.extra_topk
         part = partial_size(h, head_block, d_v)
-        widest_splits = tuple(_widest(r, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas)
+        widest_splits = tuple(_widest(r, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas, whole_cost)
                               for r in range(1, rows + 1))
         partial_rows = max(r * s for r, s in enumerate(widest_splits, 1))
         require(isinstance(caps.max_splits, int) and 0 <= caps.max_splits <= MAX_SPLITS,
@@ -242,7 +251,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
                                       f"got {caps.max_splits!r}")
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
-                         ctas_per_sm=ctas_per_sm, sm_share=share, whole_row=whole_row,
+                         ctas_per_sm=ctas_per_sm, sm_share=share, whole_row_cost=whole_cost, whole_row=whole_row,
                          widest_splits=widest_splits, warp_group_min_rows=wg_rows, warp_group_ctas_per_sm=wg_ctas)
 
 
@@ -437,9 +446,9 @@ def _split_form(rows: int, ctas_per_sm: int, share, wg_min_rows: int, wg_ctas: i
     return ctas_per_sm, share
 
 
-def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas) -> int:
+def _widest(rows, width, sms, head_blocks, part, ctas_per_sm, share, wg_rows, wg_ctas, whole_cost) -> int:
     ctas, sh = _split_form(rows, ctas_per_sm, share, wg_rows, wg_ctas)
-    return split_plan(rows, width, sms, head_blocks, ctas, part, sh)[0]
+    return split_plan(rows, width, sms, head_blocks, ctas, part, sh, whole_cost)[0]
 
 
 def route(rows: int, rows_per_request: int, *, num_heads: int, num_sms: int, head_block: int = 64) -> str:
