@@ -108,12 +108,13 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
             continue  # same tiles per split as a smaller s: no new plan
         waves = -(-(ctas * s) // slots)
         if sm_share is not None and waves == 1:
-            c, w = sm_share
+            c = sm_share[0]
             busiest = -(-(ctas * s) // max(1, num_sms))
-            cost = tps * (c + busiest) / (c + ctas_per_sm) + w * ctas * s
+            tile_cost = tps * (c + busiest) / (c + ctas_per_sm)
         else:
-            combine = 0.0 if s == 1 and block_partial >= 1 else (sm_share[1] if sm_share else 0.01) * ctas * s
-            cost = waves * (1 + tps) * (whole_row_cost if s == 1 else 1.0) + combine
+            tile_cost = waves * (1 + tps)
+        combine = 0.0 if s == 1 and block_partial >= 1 else (sm_share[1] if sm_share else 0.01) * ctas * s
+        cost = tile_cost * (whole_row_cost if s == 1 else 1.0) + combine
         if best is None or cost < best[0] - 1e-9:
             best = (cost, s, tps)
     return best[1], best[2] * PAGE
