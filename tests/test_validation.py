@@ -177,7 +177,8 @@ def test_register_form_plans_by_the_share_of_its_busiest_sm():
                 width = 2048 if q.caps.kv_format == "bf16" else 640
                 assert q.splits(rows, width)[0] == sm.split_plan(
                     rows, width, 132, q.head_blocks, q.ctas_per_sm,
-                    sm.partial_size(heads, q.head_block, q.caps.v_head_dim))[0]
+                    sm.partial_size(heads, q.head_block, q.caps.v_head_dim),
+                    whole_row_cost=q.whole_row_cost)[0]
 
 
 def test_fp8_32_heads_counts_the_faster_whole_row_form():
@@ -188,9 +189,22 @@ def test_fp8_32_heads_counts_the_faster_whole_row_form():
     assert p.whole_row and p.whole_row_cost == sm.PRODUCER_WHOLE_ROW_COST
     want = {48: 2, 72: 3, 96: 1, 112: 1, 160: 4, 184: 1, 216: 1}
     assert {r: p.splits(r, 2048)[0] for r in want} == want
-    for heads, fmt in ((16, "fp8_ds_mla"), (64, "fp8_ds_mla"), (128, "fp8_ds_mla"), (32, "bf16")):
+    for heads, fmt in ((16, "fp8_ds_mla"), (64, "fp8_ds_mla"), (128, "fp8_ds_mla"), (64, "bf16"), (128, "bf16")):
         q = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=fmt, max_rows=8, arch="sm_90a", num_sms=132))
         assert q.whole_row_cost == 1.0, (heads, fmt)
+
+
+def test_bf16_heads_as_n_counts_one_split_below_a_full_wave():
+    """bf16 at 8/16/32 heads (heads as N, bound by HBM): split_plan counts one split a row at
+    HEADS_N_BF16_WHOLE_ROW_COST, which moves 89-99 rows from 4 splits to 1 (measured at 96 rows:
+    62.6 / 67.0 / 72.4 us against 65.3 / 70.4 / 77.2 at 8 / 16 / 32 heads); 88 rows keep 3 and the
+    decode grid's rows keep theirs. One split runs the split kernel (extend tiles these differently)."""
+    for heads in (8, 16, 32):
+        p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=256, arch="sm_90a",
+                            num_sms=132))
+        assert p.whole_row_cost == sm.HEADS_N_BF16_WHOLE_ROW_COST and not p.whole_row
+        want = {1: 32, 4: 32, 8: 16, 16: 8, 32: 4, 64: 2, 72: 3, 88: 3, 89: 1, 96: 1, 99: 1, 104: 1, 128: 1}
+        assert {r: p.splits(r, 2048)[0] for r in want} == want, heads
 
 
 def test_warp_group_plans_by_the_share_of_its_busiest_sm():

@@ -23,7 +23,8 @@ import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SparseMLASpec
-from codegen.tiling import (COMBINE_FEW_SPLITS, MAX_SPLITS, PRODUCER_WHOLE_ROW_COST, REGISTER_SM_SHARE,  # noqa: F401
+from codegen.tiling import (COMBINE_FEW_SPLITS, HEADS_N_BF16_WHOLE_ROW_COST, MAX_SPLITS,  # noqa: F401
+                            PRODUCER_WHOLE_ROW_COST, REGISTER_SM_SHARE,
                             WARP_GROUP_SM_SHARE)
 
 from .. import registry
@@ -97,7 +98,9 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     within a wave, the SM's throughput grows little with a second CTA (c small) or steadily up to
     four (c = 2). More waves count as above. whole_row_cost scales the one-split option's tiles
     where one split runs a faster form than the splits (fp8 at 32 heads: the 64-head producer,
-    codegen.tiling.PRODUCER_WHOLE_ROW_COST). Ties go to fewer splits."""
+    codegen.tiling.PRODUCER_WHOLE_ROW_COST), or where its one wave of fewer CTAs shares HBM among
+    fewer than the splits' full waves (bf16 at 8-32 heads, HEADS_N_BF16_WHOLE_ROW_COST). Ties go
+    to fewer splits."""
     tiles = max(1, width // PAGE)
     ctas = max(1, rows * head_blocks)
     slots = max(1, num_sms * ctas_per_sm)
@@ -224,8 +227,14 @@ def plan(caps: Caps) -> SparseMLAPlan:
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     share = tile["sm_share"]
-    # one split runs a faster form than the splits: the 64-head producer (fp8 at 32 heads)
-    whole_cost = PRODUCER_WHOLE_ROW_COST if whole_row and ext_tile["producer"] and not tile["producer"] else 1.0
+    # one split runs a faster form than the splits (the 64-head producer: fp8 at 32 heads), or the
+    # same HBM-bound form on fewer CTAs than the splits' waves (bf16 heads as N)
+    if whole_row and ext_tile["producer"] and not tile["producer"]:
+        whole_cost = PRODUCER_WHOLE_ROW_COST
+    elif caps.mode == "decode" and tile["heads_as_n"] and caps.kv_format == "bf16":
+        whole_cost = HEADS_N_BF16_WHOLE_ROW_COST
+    else:
+        whole_cost = 1.0
     wg_rows, wg_ctas = int(tile["warp_group_min_rows"]), int(tile["warp_group_ctas_per_sm"])
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]

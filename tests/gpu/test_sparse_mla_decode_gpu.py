@@ -195,6 +195,21 @@ def test_split_counts_of_the_share_model(heads, rows):
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
 
 
+@pytest.mark.parametrize("heads", [8, 32])
+def test_bf16_heads_as_n_one_split_rows(heads):
+    """bf16 at 8-32 heads, 96 rows: one split a row (HEADS_N_BF16_WHOLE_ROW_COST), the split kernel
+    over all 32 tiles and a one-split combine, sink and base-2 lse, against the reference."""
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=96))
+    assert p.splits(96, 2048)[0] == 1 and not p.whole_row
+    case = random_case(96, heads, 2048, "bf16", seed=96 + heads, invalid_frac=0.1)
+    case.lengths[1] = 0
+    case.lengths[2] = 700
+    s = torch.randn(heads, device="cuda") * 2
+    out, lse = run_ours(case, "bf16", sink=s, lse_base="2")
+    check(case, out, lse, sink=s, lse_base="2")
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+
+
 def test_warp_group_split_page_strided_view_past_2gib():
     """A page-strided view whose data lives past 2^31 bytes, read by the warp-group split."""
     small = _warp_group_case(37, blocks=256, page_stride_pad=4096)
