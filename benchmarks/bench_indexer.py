@@ -79,7 +79,7 @@ def main() -> int:
                 per_call = k_bytes + rows * ctx * 4
                 n_sets = max(2, min(32, math.ceil(ROTATE_BYTES / per_call)))
                 sets = make_sets(batch, ctx, next_n, pool, g, n_sets)
-                p = ix.plan(ix.Caps(num_heads=H, topk=K, max_batched=rows, max_width=ctx, with_scores=False,
+                p = ix.plan(ix.Caps(num_heads=H, topk=K, max_rows=rows, max_width=ctx, with_scores=False,
                                     logits_in_scratch=False))
                 scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
                 binds = [ix.bind(p, scratch=scratch, q=s["q"], weights=s["w"], lengths=s["lengths"],

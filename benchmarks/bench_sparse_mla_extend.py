@@ -31,7 +31,7 @@ RECORD = {"fp8_ds_mla": 656, "bf16": 1152}
 
 def bench_ours(sets, heads, kv_format, pool):
     rows = sets[0][0].shape[0]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_batched=rows, mode="extend"))
+    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_rows=rows, mode="extend"))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     calls = []
     for q, idx, lengths in sets:

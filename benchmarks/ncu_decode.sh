@@ -30,7 +30,7 @@ from benchmarks.bench_sparse_mla_decode import make_pool
 batch, heads, fmt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 g = torch.Generator(device="cuda").manual_seed(0)
 pool = make_pool(fmt, 32768 if fmt == "fp8_ds_mla" else 16384, g)
-p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=fmt, max_batched=batch))
+p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=fmt, max_rows=batch))
 scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
 q = torch.randn(batch, heads, 576, device="cuda", generator=g).bfloat16()
 idx = torch.randint(0, pool.shape[0] * 64, (batch, 2048), device="cuda", generator=g, dtype=torch.int32)

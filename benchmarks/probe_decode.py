@@ -52,7 +52,8 @@ def main() -> int:
     ap.add_argument("--cases", default="1x128,4x128,8x128,128x16")
     ap.add_argument("--splits", default="")
     ap.add_argument("--fmt", default="fp8_ds_mla")
-    ap.add_argument("--split-entry", default="split", help="the module's split entry point to time")
+    ap.add_argument("--split-entry", default=None,
+                    help="the module's split entry point to time (default: the one the plan runs at the case's rows)")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     pool = make_pool(args.fmt, 32768, g)
@@ -63,8 +64,9 @@ def main() -> int:
         sets = [(torch.randn(batch, heads, 576, device="cuda", generator=g).bfloat16(),
                  torch.randint(0, slots, (batch, TOPK), device="cuda", generator=g, dtype=torch.int32),
                  torch.full((batch,), TOPK, device="cuda", dtype=torch.int32)) for _ in range(SETS)]
-        p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=args.fmt, max_batched=batch))
+        p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=args.fmt, max_rows=batch))
         k = p.kernels
+        entry = args.split_entry or p.split_entry(batch)
         planned = p.splits(batch, TOPK)[0]
         split_list = sorted({planned} | {int(s) for s in args.splits.split(",") if s})
         big = torch.empty(batch * 32 * heads * 512, dtype=p.regions["partial_o"].dtype, device="cuda")
@@ -76,11 +78,11 @@ def main() -> int:
             s_eff = -(-TOPK // tps)
             po = big[: batch * s_eff * heads * 512].view(batch, s_eff, heads, 512)
             pl = big_lse[: batch * s_eff * heads].view(batch, s_eff, heads)
-            split = [lambda q=q, i=i, n=n: k[args.split_entry](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
+            split = [lambda q=q, i=i, n=n: k[entry](q, pool, i, n, po, pl, 576 ** -0.5 * sm.LOG2E, tps)
                      for q, i, n in sets]
             comb = [lambda: k[sm.combine_entry(s_eff)](po, pl, out, lse, lse[0], 0, 1)] * SETS
             both = [lambda f=f, c=c: (f(), c()) for f, c in zip(split, comb)]
-            r = {"case": case, "entry": args.split_entry, "splits": s_eff, "tiles/split": tps // 64, "ctas": batch * s_eff * p.head_blocks,
+            r = {"case": case, "entry": entry, "splits": s_eff, "tiles/split": tps // 64, "ctas": batch * s_eff * p.head_blocks,
                  "split_us": time_rotated(split), "combine_us": time_rotated(comb), "both_us": time_rotated(both)}
             kd = kernel_us(both[:2])
             r["kernels"] = {n: round(v, 1) for n, v in kd.items()}

@@ -42,7 +42,7 @@ def main() -> None:
     w = torch.randn(rows, 64, device="cuda", generator=g) / 8
     bt = torch.randperm(pool.shape[0], device="cuda", generator=g)[: batch * pages].int().view(batch, pages)
     lengths = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=rows, max_width=ctx, logits_in_scratch=False))
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=rows, max_width=ctx, logits_in_scratch=False))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     logits = torch.empty(rows, ctx, device="cuda")
     b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, logits=logits)

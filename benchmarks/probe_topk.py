@@ -41,7 +41,7 @@ def main() -> None:
     for rows, width in cases:
         n_sets = 1 if once else max(2, min(16, math.ceil((256 << 20) / (rows * width * 4))))
         sets = [logits_like(rows, width, g) for _ in range(n_sets)]
-        p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=rows, max_width=width, with_scores=False))
+        p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=rows, max_width=width, with_scores=False))
         scratch = torch.zeros(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
         ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
         binds = [ix.bind(p, scratch=scratch, lengths=ends, logits=lg) for lg in sets]
