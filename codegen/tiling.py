@@ -56,9 +56,9 @@ WARP_GROUP_SM_SHARE = (2.0, 0.001)
 PRODUCER_WHOLE_ROW_COST = 0.8
 # bf16 decode at 8/16/32 heads (heads as N, one CTA an SM, bound by HBM): where the rows alone
 # nearly fill the GPU, one split a row runs faster than the wave model counts (a wave of fewer
-# CTAs shares HBM among fewer), so split_plan counts the one-split option at this factor (96 rows:
-# 1 split 62.6 / 67.0 / 72.4 us at 8 / 16 / 32 heads against 65.3 / 70.4 / 77.2 on 4 splits; 88
-# rows keep 3 splits, 59.2 / 63.1 / 68.4 against 59.5 / 65.0 / 71.4 on 1).
+# CTAs shares HBM among fewer), so split_plan counts the one-split option at this factor. It moves
+# 89-99 and 199-220 rows to one split; the window that does so and keeps 88 rows on three is
+# 0.78-0.905 (docs/notes/launch-and-splits.md).
 HEADS_N_BF16_WHOLE_ROW_COST = 0.85
 # The 8-head fp8_ds_mla decode split also has a warp-group form on mma.sync (cute_blocks/
 # sparse_mla/warp_group.py: 128 threads held to 128 registers, 4 CTAs an SM, no short-split
