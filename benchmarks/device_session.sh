@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|prefill|dcp|indexer|v4|ceiling|compat|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|prefill|dcp|indexer|v4|ceiling|compat|splits|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -49,6 +49,15 @@ if [ "$what" = ceiling ] || [ "$what" = all ]; then
   nvcc -O3 -arch=sm_90a benchmarks/ceilings/h8_warp_mma.cu -o /tmp/h8_warp_mma > "$OUT/h8-warp-mma.log" 2>&1 &&
     /tmp/h8_warp_mma >> "$OUT/h8-warp-mma.log" 2>&1 || rc=1
 fi
+if [ "$what" = splits ]; then
+  # the split-planner surveys the notes leave open (docs/notes/launch-and-splits.md, "Left"):
+  # fp8 16 heads where three waves of short splits beat the plan, model1_fp8 at 8/16 heads between
+  # the V4 bench's batches
+  python3 benchmarks/probe_splits.py --heads 16 --rows 80,88,96,100,104,112,120 --splits 2,3,4,5,6,8 \
+    > "$OUT/splits-fp8-h16.log" 2>&1 || rc=1
+  python3 benchmarks/probe_v4.py --cases 2x8,4x8,8x8,16x8,64x8,4x16,8x16,16x16,64x16 --kinds swa,c4 \
+    --splits 1,2,3,4,5,6,8,10 > "$OUT/splits-v4-h8-h16.log" 2>&1 || rc=1
+fi
 echo "== gpu"; cat "$OUT/gpu.txt"
 echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
@@ -62,4 +71,6 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/bench-v4-prefill.log" ] && { echo "== v4 prefill bench"; tail -8 "$OUT/bench-v4-prefill.log"; }
 [ -f "$OUT/ceiling.log" ] && { echo "== gather ceiling"; tail -30 "$OUT/ceiling.log"; }
 [ -f "$OUT/h8-warp-mma.log" ] && { echo "== 8-head warp-group probe"; tail -12 "$OUT/h8-warp-mma.log"; }
+[ -f "$OUT/splits-fp8-h16.log" ] && { echo "== splits, fp8 16 heads"; grep rows "$OUT/splits-fp8-h16.log"; }
+[ -f "$OUT/splits-v4-h8-h16.log" ] && { echo "== splits, V4 8/16 heads"; sed -n '/^ *case/,$p' "$OUT/splits-v4-h8-h16.log"; }
 exit $rc
