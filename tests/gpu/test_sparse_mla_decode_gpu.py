@@ -178,6 +178,18 @@ def test_warp_group_split_matches_reference(sink, lse_base):
     assert torch.all(out[1:3] == 0) and torch.all(lse[1:3] == -math.inf)
 
 
+def _check_planned_rows(rows, heads, kv_format):
+    """A call of `rows` rows at its planned split count, against the reference: a zero-length row,
+    a row that ends inside a split, sink and base-2 lse."""
+    case = random_case(rows, heads, 2048, kv_format, seed=rows + heads, invalid_frac=0.1)
+    case.lengths[1] = 0
+    case.lengths[2] = 700
+    s = torch.randn(heads, device="cuda") * 2
+    out, lse = run_ours(case, kv_format, sink=s, lse_base="2")
+    check(case, out, lse, sink=s, lse_base="2")
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+
+
 @pytest.mark.parametrize("heads,rows", [(8, 33), (8, 40), (8, 100), (8, 23), (16, 36), (16, 40)])
 def test_split_counts_of_the_share_model(heads, rows):
     """Row counts whose plans split 16, 11, 5 (the 8-head warp group), 11, 7 and 3 ways (the
@@ -186,13 +198,7 @@ def test_split_counts_of_the_share_model(heads, rows):
     assert p.split_entry(rows) == ("split_warp_group" if heads == 8 and rows >= 33 else "split")
     assert p.splits(rows, 2048)[0] == {(8, 33): 16, (8, 40): 11, (8, 100): 5, (8, 23): 11, (16, 36): 7,
                                        (16, 40): 3}[(heads, rows)]
-    case = random_case(rows, heads, 2048, "fp8_ds_mla", seed=rows + heads, invalid_frac=0.1)
-    case.lengths[1] = 0
-    case.lengths[2] = 700           # a row that ends inside a split
-    s = torch.randn(heads, device="cuda") * 2
-    out, lse = run_ours(case, "fp8_ds_mla", sink=s, lse_base="2")
-    check(case, out, lse, sink=s, lse_base="2")
-    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+    _check_planned_rows(rows, heads, "fp8_ds_mla")
 
 
 @pytest.mark.parametrize("heads", [8, 32])
@@ -201,13 +207,7 @@ def test_bf16_heads_as_n_one_split_rows(heads):
     over all 32 tiles and a one-split combine, sink and base-2 lse, against the reference."""
     p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=96))
     assert p.splits(96, 2048)[0] == 1 and not p.whole_row
-    case = random_case(96, heads, 2048, "bf16", seed=96 + heads, invalid_frac=0.1)
-    case.lengths[1] = 0
-    case.lengths[2] = 700
-    s = torch.randn(heads, device="cuda") * 2
-    out, lse = run_ours(case, "bf16", sink=s, lse_base="2")
-    check(case, out, lse, sink=s, lse_base="2")
-    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+    _check_planned_rows(96, heads, "bf16")
 
 
 def test_warp_group_split_page_strided_view_past_2gib():
