@@ -79,6 +79,11 @@ class Caps:
     # with row batches of wide rows, run_index_topk selects each batch on a side stream while the
     # next is scored (IndexerPlan.overlap_rows); False keeps every launch on the caller's stream
     overlap_batches: bool = True
+    # rows wider than row_final's take the grouped top-k (sm_90a): the maxima of 8-logit groups,
+    # their top-k, then the top-k among those groups' logits (codegen/cute_blocks/indexer/
+    # group_select.py); False: the wide top-k. The same winners either way. Experimental: not yet
+    # run on a GPU (docs/notes/topk.md), hence off by default.
+    group_select: bool = False
     arch: Optional[str] = None        # None: the current CUDA device's
     num_sms: Optional[int] = None     # None: the current CUDA device's
 
@@ -164,10 +169,17 @@ class IndexerPlan(Plan):
         t = self.tiling
         return t["chunk"] < width <= t["row_chunk"] and rows >= t["row_min_rows"]
 
+    def group_route(self, width: int) -> bool:
+        """Whether rows of `width` logits take the grouped top-k (Caps.group_select): wider than
+        row_final's rows, on an arch that has it. Their maxima rows (width / group entries) then
+        take chunk_final, row_final or, below row_min_rows rows, the wide top-k."""
+        t = self.tiling
+        return self.caps.group_select and bool(t["group_cap"]) and width > max(t["chunk"], t["row_chunk"])
+
     def wide_route(self, rows: int, width: int) -> bool:
         """Whether `rows` rows of `width` logits take the wide top-k: wider than one chunk, and
-        not selected one CTA per row (row_final)."""
-        return width > self.tiling["chunk"] and not self.row_final(rows, width)
+        not selected one CTA per row (row_final) or by the grouped top-k."""
+        return width > self.tiling["chunk"] and not self.row_final(rows, width) and not self.group_route(width)
 
     @property
     def wide_slots(self) -> int:
@@ -212,7 +224,7 @@ class IndexerPlan(Plan):
         256-row ones). Batches of whole requests (docs/notes/indexer-logits.md)."""
         half = self.batch_rows(held // 2, width)
         half -= half % rows_per_req
-        if half < max(2, self.num_sms) or rows <= half or not self.wide_route(half, width):
+        if half < max(2, self.num_sms) or rows <= half or not (self.wide_route(half, width) or self.group_route(width)):
             return 0
         return half
 
@@ -362,7 +374,7 @@ def logits_rows_within(caps: Caps, scratch_bytes: int) -> int:
     if half:
         return 2 * half
     batch = p.batch_rows(held, width)
-    if p.wide_route(batch, width):
+    if p.wide_route(batch, width) or p.group_route(width):
         return batch
     per = -(-rows // -(-rows // batch))        # the same number of batches, of equal size
     return min(held, per + per % 2)
@@ -398,15 +410,28 @@ def plan(caps: Caps) -> IndexerPlan:
               ("cand_key_b", torch.int32, crows * groups * k), ("cand_pos_b", torch.int32, crows * groups * k),
               ("cand_cnt_b", torch.int32, crows * groups),
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
+    grouped = caps.group_select and bool(tiling["group_cap"])
+    require(not caps.group_select or grouped,
+            f"Caps.group_select: expected False on {arch} (the grouped top-k is sm_90a only), got True")
+    require(not grouped or k * tiling["group"] <= tiling["group_cap"],
+            f"Caps.topk: expected at most {tiling['group_cap'] // tiling['group']} with group_select, got {k}")
     if caps.max_width > tiling["chunk"]:
         # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer. Rows no wider
         # than row_chunk take the wide top-k only in launches of fewer than row_min_rows rows
-        # (IndexerPlan.wide_route), so the state covers that many there.
-        wide = sel if caps.max_width > tiling["row_chunk"] else min(sel, tiling["row_min_rows"] - 1)
+        # (IndexerPlan.wide_route), so the state covers that many there; so do the maxima rows of
+        # the grouped top-k (at most row_chunk entries), the only wide launches it makes.
+        narrow = caps.max_width <= tiling["row_chunk"] or grouped
+        wide = min(sel, tiling["row_min_rows"] - 1) if narrow else sel
         layout += [("wide_hist", torch.int32, wide * ((1 << tiling["wide_bits"]) + 4)),
                    ("wide_cnt", torch.int32, wide * -(-caps.max_width // tiling["wide_tile"]) * 2),
                    ("wide_state", torch.int32, wide * 4),
                    ("tie_key", torch.int32, wide * tiling["tie_cap"]), ("tie_pos", torch.int32, wide * tiling["tie_cap"])]
+    if grouped and caps.max_width > max(tiling["chunk"], tiling["row_chunk"]):
+        # the grouped top-k's maxima rows, and their top-k (the ids of each row's best groups)
+        layout += [("group_max", torch.float32, sel * -(-caps.max_width // tiling["group"])),
+                   ("group_idx", torch.int32, sel * k)]
+        if caps.with_scores:
+            layout.append(("group_scores", torch.float32, sel * k))
     if caps.logits_in_scratch:
         layout.append(("logits", torch.float32, sel * caps.max_width))
     return IndexerPlan(caps=caps, regions=_scratch.layout(layout), arch=arch, num_sms=sms, logits_spec=logits_spec,
@@ -593,6 +618,9 @@ def _run_topk(b: Binding, num_blocks: int) -> tuple[torch.Tensor, Optional[torch
     if not b.rows:
         return b.indices, b.scores
     kernels = p.kernels("topk")
+    if p.group_route(b.width):
+        _run_group_topk(b, kernels, num_blocks)
+        return b.indices, b.scores
     if p.wide_route(b.rows, b.width):
         _run_wide_topk(b, kernels, num_blocks)
         return b.indices, b.scores
@@ -641,6 +669,29 @@ def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
     hist.zero_()        # the sync words must start at zero on every call; a memset node under capture
     kernels[_wide_chunk_entry(b)](*args)
     kernels["wide_ties"](*args)
+
+
+def _run_group_topk(b: Binding, kernels, num_blocks: int) -> None:
+    """The grouped top-k (Caps.group_select, group_select.py): group_max writes the maxima of
+    each row's 8-logit groups (its valid range only), the plain top-k launches select each row's
+    K best groups from them (a binding of the maxima rows: no starts, no active width, row-relative
+    ids), and group_final selects the row's winners among those groups' logits."""
+    p = b.plan
+    scratch, regions, group = b.cand[0][0], p.regions, p.tiling["group"]
+    starts, active, bt, ratio = _row_args(b)
+    has_starts, has_active = int(b.starts is not None), int(b.active_width is not None)
+    maxima = _scratch.view(scratch, regions["group_max"], (b.rows, -(-b.width // group)))
+    kernels["group_max"](b.logits, starts, b.lengths, active, maxima, ratio, has_starts, has_active)
+    # The maxima rows keep the row ends (lengths): [0, min(end, width / group)) holds every group
+    # with a valid logit, ceil(end / group) of them, and the rest of the maxima are -inf.
+    ids = _scratch.view(scratch, regions["group_idx"], (b.rows, b.k))
+    id_scores = _scratch.view(scratch, regions["group_scores"], (b.rows, b.k)) if p.caps.with_scores else None
+    _run_topk(replace(b, width=maxima.shape[1], logits=maxima, starts=None, active_width=None, physical=False,
+                      indices=ids, scores=id_scores, row_batch=0, overlap_batch=0), num_blocks)
+    cand = _cand(b, 0, 1)            # placeholders: group_final reads the ids and the logits only
+    kernels["group_final"](b.logits, starts, b.lengths, active, bt, cand[0], ids.view(b.rows, 1, b.k), cand[2],
+                           *cand, *_outputs(b), b.k, ratio, has_starts, has_active, _physical(b, num_blocks),
+                           b.rows_per_req, 1)
 
 
 def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -7,7 +7,8 @@ fp8_fp4_mqa_logits + torch.topk.
 A case is rows x context (tokens) x compress ratio c: the prefill chunk's `rows` query tokens are
 the last ones of a `context`-token sequence, so query row i sees the first floor((ctx - rows + i
 + 1) / c) entries of the (compressed) K (starts 0, causal ends; contiguous bounds are in entries,
-so the plan's compress_ratio stays 1). H = 64, K = 2048.
+so the plan's compress_ratio stays 1). H = 64, K = 2048. --group-select on / both: ours with
+Caps.group_select (the grouped top-k of wide rows), or each case both ways in one process.
 
 The peer writes [rows, max_seqlen_k] logits relative to each row's start (one full-width fp32
 buffer: 2.7 GB at 4096 x 160K) and torch.topk selects over the raw buffer (no masking pass of the
@@ -82,15 +83,18 @@ def main() -> int:
     ap.add_argument("--scratch-mib", type=int, default=SCRATCH_BUDGET >> 20, help="our whole scratch's budget")
     ap.add_argument("--budget-mib", type=int, default=None,
                     help="a budget of the logits region alone instead (ix.logits_rows_for)")
+    ap.add_argument("--group-select", choices=("off", "on", "both"), default="off",
+                    help="ours with Caps.group_select (the grouped top-k); both: each case twice, same process")
     args = ap.parse_args()
+    variants = {"off": (False,), "on": (True,), "both": (False, True)}[args.group_select]
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  deep_gemm: {deepgemm.unavailable_reason() or deepgemm.version()}")
     results = []
-    for spec in args.cases.split(","):
+    for spec, grouped in [(s, v) for s in args.cases.split(",") for v in variants]:
         rows, ctx, c = (int(x) for x in spec.split("x"))
         sets = [make_case(rows, ctx, c, g) for _ in range(2)]
         n = sets[0]["n"]
-        caps = ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=rows, max_width=n)
+        caps = ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=rows, max_width=n, group_select=grouped)
         caps = replace(caps, logits_rows=ix.logits_rows_within(caps, args.scratch_mib << 20)
                        if args.budget_mib is None else ix.logits_rows_for(args.budget_mib << 20, n, rows))
         p = ix.plan(caps)
@@ -99,7 +103,7 @@ def main() -> int:
         binds = [p.bind(scratch, q=s["q"], weights=s["w"], lengths=s["ends"], starts=s["starts"], width=n,
                         indices=o) for s, o in zip(sets, outs)]
         batch = binds[0].overlap_batch or binds[0].row_batch     # the rows of one batch as run_index_topk runs them
-        r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "logits_rows": caps.logits_rows,
+        r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "group_select": grouped, "logits_rows": caps.logits_rows,
              "batch_rows": batch, "overlapped": bool(binds[0].overlap_batch),
              "scratch_mib": p.scratch_bytes() / 2 ** 20}
         outs[0].fill_(-7)
@@ -111,7 +115,7 @@ def main() -> int:
         # where our time goes: one batch of N rows (the last ones, the widest) scored, then
         # selected, by a plan that holds them all, scaled to the call's rows
         nb = batch or rows
-        pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n))
+        pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n, group_select=grouped))
         sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
         bb = [pb.bind(sb, q=s["q"][-nb:], weights=s["w"][-nb:], lengths=s["ends"][-nb:], starts=s["starts"][-nb:],
                       width=n) for s in sets]
@@ -138,7 +142,7 @@ def main() -> int:
         print(json.dumps(r), flush=True)
         del sets, binds, scratch, outs
         torch.cuda.empty_cache()
-    hdr = (f"{'rows':>5} {'ctx':>8} {'c':>3} {'width':>7} | {'N':>4} {'scratch MiB':>11} {'ours us':>9} "
+    hdr = (f"{'rows':>5} {'ctx':>8} {'c':>3} {'width':>7} {'grp':>3} | {'N':>4} {'scratch MiB':>11} {'ours us':>9} "
            f"{'logits':>8} {'top-k':>7} | "
            f"{'DG logits':>9} {'DG+topk':>9} {'DG MiB':>7} | {'ours/peer':>9}")
     print(f"\nindexer prefill, H={H}, K={K}, contiguous fp8 K; ours: row batches of N rows in scratch")
@@ -150,7 +154,8 @@ def main() -> int:
         pu = f"{r['peer_us']:9.0f}" if r["peer_us"] else na
         pm = f"{r['peer_bytes_mib']:7.0f}" if r["peer_bytes_mib"] else f"{'n/a':>7}"
         ra = f"{r['ratio']:9.2f}" if r["ratio"] else na
-        print(f"{r['rows']:>5} {r['ctx']:>8} {r['c']:>3} {r['width']:>7} | {r['batch_rows'] or r['logits_rows']:>4} "
+        print(f"{r['rows']:>5} {r['ctx']:>8} {r['c']:>3} {r['width']:>7} {'on' if r['group_select'] else 'off':>3} | "
+              f"{r['batch_rows'] or r['logits_rows']:>4} "
               f"{r['scratch_mib']:11.0f} {r['ours_us']:9.0f} {r['ours_logits_us']:8.0f} {r['ours_topk_us']:7.0f} | "
               f"{pl} {pu} {pm} | {ra}")
     if args.json:

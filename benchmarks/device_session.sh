@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-box session: GPU tests, then benchmarks; full logs under $OUT, short tables last.
-#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|prefill|dcp|indexer|v4|ceiling|compat|splits|all] [pytest -k expr]
+#   source .device-kit/setup.sh && bash benchmarks/device_session.sh [tests|bench|extend|prefill|dcp|indexer|v4|ceiling|compat|splits|grouped|all] [pytest -k expr]
 set -uo pipefail
 what=${1:-all}
 kexpr=${2:-}
@@ -49,6 +49,15 @@ if [ "$what" = ceiling ] || [ "$what" = all ]; then
   nvcc -O3 -arch=sm_90a benchmarks/ceilings/h8_warp_mma.cu -o /tmp/h8_warp_mma > "$OUT/h8-warp-mma.log" 2>&1 &&
     /tmp/h8_warp_mma >> "$OUT/h8-warp-mma.log" 2>&1 || rc=1
 fi
+if [ "$what" = grouped ]; then
+  # the grouped top-k (Caps.group_select, docs/notes/topk.md): its GPU tests, the same logits both
+  # ways, then the prefill bench each case both ways in one process
+  python3 -m pytest -q -m gpu tests/gpu/test_indexer_grouped_gpu.py -p no:cacheprovider -rf --tb=short \
+    > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  python3 benchmarks/probe_grouped_topk.py > "$OUT/grouped-topk.log" 2>&1 || rc=1
+  python3 benchmarks/bench_indexer_prefill.py --group-select both --json "$OUT/indexer-prefill-grouped.json" \
+    > "$OUT/bench-indexer-prefill.log" 2>&1 || rc=1
+fi
 if [ "$what" = splits ]; then
   # the split-planner surveys the notes leave open (docs/notes/launch-and-splits.md, "Left"):
   # fp8 16 heads where three waves of short splits beat the plan, model1_fp8 at 8/16 heads between
@@ -63,6 +72,7 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
 [ -f "$OUT/bench-decode.log" ] && { echo "== decode bench"; tail -30 "$OUT/bench-decode.log"; }
 [ -f "$OUT/bench-extend.log" ] && { echo "== extend bench"; tail -12 "$OUT/bench-extend.log"; }
+[ -f "$OUT/grouped-topk.log" ] && { echo "== grouped top-k against wide"; tail -8 "$OUT/grouped-topk.log"; }
 [ -f "$OUT/bench-indexer-prefill.log" ] && { echo "== indexer prefill bench"; tail -8 "$OUT/bench-indexer-prefill.log"; }
 [ -f "$OUT/bench-dcp.log" ] && { echo "== dcp bench"; tail -8 "$OUT/bench-dcp.log"; }
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }

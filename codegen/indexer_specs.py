@@ -35,7 +35,10 @@ def topk_tiling(arch: str) -> dict:
                CTA's shared memory. wide_hit_tiles: tiles per CTA whose hit masks are kept;
                wide_long_hit_tiles (sm_90a): those of wide_chunk_long, the variant for CTAs with more
                tiles than that (prefill batches: 32 tiles a CTA at 256 rows x 262144), 8 KB more
-               shared memory a CTA. sm_120a's 100 KB an SM hold three CTAs."""
+               shared memory a CTA. sm_120a's 100 KB an SM hold three CTAs.
+    group, group_cap (sm_90a): the grouped top-k of wide rows (Caps.group_select): logits per
+               group, and the logits one row_threads CTA selects among (K x group, keys and
+               positions in shared memory)."""
     chunk = 16384 if arch == "sm_90a" else 8192
     return {"chunk": chunk, "merge_cap": chunk, "threads": 512, "bins": 2048,
             "row_chunk": 32768 if arch == "sm_90a" else 0, "row_threads": 1024, "row_min_rows": 64,
@@ -43,7 +46,7 @@ def topk_tiling(arch: str) -> dict:
             "wide_tile": 4096, "wide_threads": 256, "wide_bits": 12,
             "wide_min_ctas": 4 if arch == "sm_90a" else 3, "wide_hit_tiles": 16,
             "wide_long_hit_tiles": 32 if arch == "sm_90a" else 0,
-            "tie_cap": chunk}
+            "tie_cap": chunk, "group": 8, "group_cap": 16384 if arch == "sm_90a" else 0}
 
 
 def logits_ctas_per_sm(num_heads: int, arch: str) -> int:

@@ -80,6 +80,23 @@ def _wide_prefill_case(g, rows, n):
     return kv, sc, q, w, ends, starts
 
 
+def prefill_bindings(plans: dict, g, rows: int, n: int):
+    """Per plan a poisoned scratch and outputs, one wide prefill case (a list: its tensors are
+    refilled in place for graph replays) and bind(key) of the case to that plan's buffers."""
+    scratch = {key: torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+               for key, p in plans.items()}
+    outs = {key: (torch.full((rows, 2048), -7, dtype=torch.int32, device="cuda"),
+                  torch.full((rows, 2048), float("nan"), device="cuda")) for key in plans}
+    case = list(_wide_prefill_case(g, rows, n))
+
+    def bind(key):
+        kv, sc, q, w, ends, starts = case
+        return plans[key].bind(scratch[key], q=q, weights=w, lengths=ends, starts=starts, width=n,
+                               indices=outs[key][0], scores=outs[key][1])
+
+    return outs, case, bind
+
+
 def test_overlapped_row_batches_match_the_whole_rows_and_replay_in_a_graph():
     """Rows wider than a top-k chunk in row batches: the batches alternate between the halves of
     the logits region and each batch's top-k runs on a side stream beside the next batch's
@@ -90,16 +107,7 @@ def test_overlapped_row_batches_match_the_whole_rows_and_replay_in_a_graph():
     rows, n = 22, 40000
     plans = {lr: ix.plan(ix.Caps(num_heads=64, topk=2048, mode="contiguous", max_rows=rows, max_width=n,
                                  with_scores=True, logits_rows=lr, num_sms=2)) for lr in (0, 8)}
-    scratch = {lr: torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
-               for lr, p in plans.items()}
-    outs = {lr: (torch.full((rows, 2048), -7, dtype=torch.int32, device="cuda"),
-                 torch.full((rows, 2048), float("nan"), device="cuda")) for lr in plans}
-    case = list(_wide_prefill_case(g, rows, n))
-
-    def bind(lr):
-        kv, sc, q, w, ends, starts = case
-        return plans[lr].bind(scratch[lr], q=q, weights=w, lengths=ends, starts=starts, width=n,
-                              indices=outs[lr][0], scores=outs[lr][1])
+    outs, case, bind = prefill_bindings(plans, g, rows, n)
 
     def check():
         (i0, s0), (i1, s1) = outs[0], outs[8]

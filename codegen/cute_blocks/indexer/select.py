@@ -19,6 +19,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 SIGN = 0x80000000
 BINS = 2048                         # 11-bit digits (codegen.indexer_specs.topk_tiling's bins)
 PAGE_SIZE = 64                      # physical slot = block_table[page] * 64 + offset
+GROUP = 8                           # logits per group of the grouped top-k (group_select.py)
 DIGIT_SHIFT = (21, 10, 0)
 DIGIT_MASK = (0x7FF, 0x7FF, 0x3FF)
 
@@ -239,7 +240,10 @@ class TopKStage(RadixSelectMixin):
     """One top-k stage: a CTA per (row, output group) selects from its inputs in shared memory.
 
     source "logits":     inputs are `capacity` consecutive logits of the row (first stage);
-    source "candidates": inputs are fan_in groups of earlier (key, position, count) candidates.
+    source "candidates": inputs are fan_in groups of earlier (key, position, count) candidates;
+    source "groups":     inputs are the GROUP logits at each of the k group ids in mPosIn[row, 0]
+                         (ascending, a -1 tail), the row's valid positions among them (the second
+                         step of the grouped top-k, group_select.py).
     final:               write indices (and scores) with a -1 / -inf tail, else the next candidates."""
 
     def __init__(self, source: str, final: bool, num_threads: int, capacity: int):
@@ -337,6 +341,9 @@ class TopKStage(RadixSelectMixin):
                     rBits[j] = gRow[base_pos + i]
                 for j in cutlass.range_constexpr(per):
                     sKeys[j * self.num_threads + tidx] = self.bits_to_key(rBits[j])
+        elif const_expr(self.source == "groups"):
+            lo, hi, n_valid = self.load_groups(mLogits, mPosIn, row, start, end, k, sKeys, sPos, sState, tidx, warp,
+                                               lane)
         else:
             # fan_in groups of candidates side by side: group q at [q k, q k + count)
             g0 = grp * fan_in
@@ -380,6 +387,43 @@ class TopKStage(RadixSelectMixin):
         else:
             if tidx == 0:
                 mCntOut[row, grp] = n_sel
+
+    @cute.jit
+    def load_groups(self, mLogits, mGroups, row: Int32, start: Int32, end: Int32, k: Int32, sKeys, sPos, sState,
+                    tidx: Int32, warp: Int32, lane: Int32):
+        """Element i = (group i // GROUP of mGroups[row, 0], entry i % GROUP): the logit at position
+        gid GROUP + i % GROUP, valid where gid >= 0 and the position lies in [start, end). The
+        groups ascend, so elements are in position order and ties go to the lowest positions, as
+        over the whole row. Returns (lo, hi, n_valid); invalid elements get position -1.
+        Branch-free loads from clamped (always valid) positions, all issued before the first use."""
+        hi = cutlass.min(k * GROUP, self.capacity)
+        if end <= start:
+            hi = Int32(0)
+        mine = Int32(0)
+        if hi > 0:
+            gRow = cute.recast_tensor(mLogits[row, None], Uint32)
+            per = self.capacity // self.num_threads
+            rBits = cute.make_rmem_tensor((per,), Uint32)
+            rPos = cute.make_rmem_tensor((per,), Int32)
+            for j in cutlass.range_constexpr(per):
+                i = j * self.num_threads + tidx
+                ic = cutlass.min(i, hi - 1)
+                gid = mGroups[row, 0, ic // GROUP]
+                pos = gid * GROUP + (ic - (ic // GROUP) * GROUP)
+                ok = i < hi and gid >= 0 and pos >= start and pos < end
+                rPos[j] = pos if ok else Int32(-1)
+                rBits[j] = gRow[cutlass.min(cutlass.max(pos, start), end - 1)]
+            for j in cutlass.range_constexpr(per):
+                i = j * self.num_threads + tidx
+                sKeys[i] = self.bits_to_key(rBits[j])
+                sPos[i] = rPos[j]
+                mine = mine + Int32(rPos[j] >= 0)
+        # n_valid: the CTA's count of valid elements (sState[num_warps + 3]: not used by the select)
+        before = self.block_exclusive_sum(mine, sState, tidx, warp, lane)
+        if tidx == self.num_threads - 1:
+            sState[self.num_warps + 3] = before + mine
+        cute.arch.sync_threads()
+        return Int32(0), hi, sState[self.num_warps + 3]
 
     @cute.jit
     def bits_to_key(self, b: Uint32) -> Uint32:

@@ -1,0 +1,156 @@
+"""The grouped top-k of wide rows (Caps.group_select) on the GPU: the same winners and scores as
+the wide top-k and the references, through each route of its maxima rows (chunk_final, the wide
+top-k below row_min_rows rows, row_final), with starts, short and empty rows, ties and special
+values, physical slots, and in run_index_topk's overlapped row batches captured in a graph."""
+import pytest
+import torch
+
+from b12x import indexer as ix
+from b12x.indexer_reference import topk_reference
+
+from .test_indexer_gpu import _gen, check_topk_sets, distinct_logits, key_order_topk, scratch_for
+from .test_indexer_row_batches_gpu import _wide_prefill_case, prefill_bindings
+
+pytestmark = pytest.mark.gpu
+
+
+def _plans(rows, width, k=2048, scores=True, **kw):
+    base = dict(num_heads=64, topk=k, max_rows=rows, max_width=width, with_scores=scores, **kw)
+    wide, grouped = ix.plan(ix.Caps(**base)), ix.plan(ix.Caps(**base, group_select=True))
+    assert grouped.group_route(width) and not wide.group_route(width)
+    return wide, grouped
+
+
+def _run(p, logits, k, **bind):
+    rows = logits.shape[0]
+    idx = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+    sc = torch.full((rows, k), float("nan"), device="cuda") if p.caps.with_scores else None
+    b = ix.bind(p, scratch=scratch_for(p), logits=logits, k=k, indices=idx, scores=sc, **bind)
+    ix.run_topk(b)
+    torch.cuda.synchronize()
+    return idx, sc
+
+
+def _same(a, b):
+    """The same winners (compared in index order: the routes may order a row differently) with the
+    same scores."""
+    (i0, s0), (i1, s1) = a, b
+    o0, o1 = i0.sort(dim=1), i1.sort(dim=1)
+    assert torch.equal(o0.values, o1.values)
+    if s0 is not None:
+        assert torch.equal(s0.gather(1, o0.indices), s1.gather(1, o1.indices))
+
+
+@pytest.mark.parametrize("rows,width", [(5, 40000), (8, 163840), (70, 163840), (3, 262144)])
+@pytest.mark.parametrize("k", (512, 2048))
+def test_grouped_matches_wide_and_the_reference(rows, width, k):
+    """Maxima rows of 5000 (chunk_final), 20480 with 8 rows (the wide top-k) and with 70 rows
+    (row_final), 32768; starts, ends off the group grid, short and empty rows."""
+    wide, grouped = _plans(rows, width, k=k, mode="contiguous")
+    g = _gen(rows + width + k)
+    logits = distinct_logits(rows, width, seed=rows + k)
+    ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    starts = torch.randint(0, 5000, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    ends[0], starts[0] = width, 0
+    ends[1], starts[1] = 1000 + k // 2, 1000        # fewer than K valid
+    ends[2], starts[2] = 333, 333                   # empty
+    if rows > 3:
+        ends[3], starts[3] = width - 5, 7           # ends and starts inside a group
+    ref_idx, _ = topk_reference(logits, k, ends, starts)
+    got = _run(grouped, logits, k, lengths=ends, starts=starts)
+    check_topk_sets(got[0], None, ref_idx)
+    for r in range(rows):
+        n = int((ref_idx[r] >= 0).sum())
+        torch.testing.assert_close(got[1][r, :n], logits[r, got[0][r, :n].long() + int(starts[r])])
+        assert torch.isinf(got[1][r, n:]).all()
+    _same(got, _run(wide, logits, k, lengths=ends, starts=starts))
+    again = _run(grouped, logits, k, lengths=ends, starts=starts)
+    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
+
+
+def test_grouped_ties_and_special_values():
+    """Rows whose winners tie at the threshold (few distinct scores; every score equal), clustered
+    winners, NaNs of both signs, infinities and signed zeros: the key-order reference's sets, ties
+    to the lowest positions."""
+    rows, width, k = 6, 70000, 2048
+    _, grouped = _plans(rows, width, mode="contiguous")
+    g = _gen(5)
+    logits = torch.randn(rows, width, device="cuda", generator=g)
+    perm = lambda: torch.randperm(width, device="cuda", generator=g)      # noqa: E731
+    logits[0] = torch.randint(0, 6, (width,), device="cuda", generator=g).float()
+    logits[1] = 1.25
+    logits[2] = -10.0 + torch.rand(width, device="cuda", generator=g)
+    logits[2, 30000:31500] = 3.0                                           # 1500 winners in 188 groups
+    nan_pos = perm()[:300]
+    logits[3, nan_pos[:100]] = float("nan")
+    logits[3].view(torch.int32)[nan_pos[100:200]] = -4194304               # 0xFFC00000: a negative NaN
+    logits[3, nan_pos[200:]] = float("inf")
+    p4 = perm()
+    logits[4, p4[:3000]] = 0.0
+    logits[4, p4[3000:6000]] = -0.0
+    logits[4, p4[6000:6500]] = float("-inf")
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    want = key_order_topk(logits, k)
+    idx, sc = _run(grouped, logits, k, lengths=ends)
+    for r in range(rows):
+        assert set(idx[r].tolist()) == want[r], f"row {r}: {len(set(idx[r].tolist()) ^ want[r])} differ"
+        torch.testing.assert_close(sc[r], logits[r, idx[r].long()], equal_nan=True)
+
+
+def test_grouped_compressed_rows_and_physical_slots():
+    """Paged logits with a compress ratio, an active width and physical slots through the block
+    table (-1 for entries outside the cache)."""
+    c, rows, next_n, width = 4, 6, 2, 40000
+    wide, grouped = _plans(rows, width, compress_ratio=c)
+    logits = distinct_logits(rows, width, seed=13)
+    g = _gen(14)
+    lengths = torch.randint(0, width * c, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    active = (lengths.max() // c - 3).view(1).contiguous()
+    pages = -(-width // 64)
+    bt = torch.randperm(8192, device="cuda", generator=g)[: rows // next_n * pages].int().view(rows // next_n, pages)
+    bt[0, 5] = 9000                                                        # outside the 8192-page cache
+    kw = dict(lengths=lengths, active_width=active, block_table=bt, physical=True, num_blocks=8192)
+    got = _run(grouped, logits, 2048, **kw)
+    ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, active_width=int(active), block_table=bt,
+                                num_blocks=8192)
+    check_topk_sets(got[0], None, ref_idx)
+    _same(got, _run(wide, logits, 2048, **kw))
+
+
+def test_grouped_prefill_batches_overlapped_and_replayed_in_a_graph():
+    """run_index_topk over contiguous row batches (the halves of the logits region in turn, each
+    batch's top-k on a side stream) with the grouped top-k: the whole rows' winners and scores by
+    the wide top-k, eagerly and in a graph replay over fresh inputs that allocates nothing."""
+    g = torch.Generator(device="cuda").manual_seed(53)
+    rows, n = 22, 40000
+    caps = dict(num_heads=64, topk=2048, mode="contiguous", max_rows=rows, max_width=n, with_scores=True, num_sms=2)
+    plans = {"wide": ix.plan(ix.Caps(**caps)), "grouped": ix.plan(ix.Caps(**caps, logits_rows=8, group_select=True))}
+    outs, case, bind = prefill_bindings(plans, g, rows, n)
+    b = {key: bind(key) for key in plans}
+    assert b["grouped"].overlap_batch == 4
+    for key in plans:
+        ix.run_index_topk(b[key], kv_cache=(case[0], case[1]))
+    torch.cuda.synchronize()
+    _same(outs["wide"], outs["grouped"])
+    assert int((outs["grouped"][0] >= 0).sum(1).min()) == 2048
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ix.run_index_topk(b["grouped"], kv_cache=(case[0], case[1]))
+        with torch.cuda.graph(graph, stream=stream):
+            ix.run_index_topk(b["grouped"], kv_cache=(case[0], case[1]))
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    for t, new in zip(case, _wide_prefill_case(g, rows, n)):
+        t.copy_(new)
+    outs["grouped"][0].fill_(-7)
+    outs["grouped"][1].fill_(float("nan"))
+    before = torch.cuda.memory_allocated()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    ix.run_index_topk(b["wide"], kv_cache=(case[0], case[1]))
+    torch.cuda.synchronize()
+    _same(outs["wide"], outs["grouped"])
