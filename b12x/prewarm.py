@@ -30,7 +30,7 @@ import torch
 from codegen.catalog import DcpConfig, IndexerConfig, ModelConfig, get_preset
 from codegen.indexer_specs import TOPK_WIDTH_MAX
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
-from codegen.specs import SPARSE_MLA_HEAD_DIMS, KernelSpec
+from codegen.specs import KernelSpec
 
 from . import dcp as _dcp
 from . import indexer as _indexer
@@ -276,7 +276,7 @@ def preset_bundle(name: str, *, arch: str, num_sms: int, max_rows: int | None = 
     require(arch in preset.archs, f"arch: preset {name!r} has kernels for {', '.join(preset.archs)} only, got {arch!r}")
     for cfg in preset.configs:
         if isinstance(cfg, ModelConfig):
-            (q_dim, nope, rope, v_dim), = SPARSE_MLA_HEAD_DIMS[cfg.kv_format]
+            q_dim, nope, rope, v_dim = cfg.head_dims
             mla.append(PrewarmKey(q_dim, nope, cfg.topk, max_rows, cfg.num_heads, cfg.kv_format, arch, rope, v_dim,
                                   cfg.page_size, cfg.extra_topk, cfg.extra_page_size))
         elif isinstance(cfg, IndexerConfig):

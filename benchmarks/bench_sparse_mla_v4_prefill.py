@@ -7,7 +7,11 @@ sparse prefill on it; both parts of the peer's time are reported.
 One prefill chunk of s_q rows at the end of an s_kv-token context: each row's SWA 128 window
 (pages of 256) and its C4 top-k (512 at 64 heads, 1024 at 128; pages of 64) over the context's
 s_kv / 4 compressed entries. The peer's dequant covers the window's tokens and every compressed
-entry (what its indices can reach). Timing: CUDA-graph replays, median."""
+entry (what its indices can reach). Timing: CUDA-graph replays, median.
+
+Also b12x's bf16 extend at V4's dims on the peer's own workspace and indices (`ours_bf16_us`, the
+`sparse-mla-v4-bf16` preset), against FlashMLA's attention part alone (`bf16_ratio`): the bf16
+prefill comparison at d_qk 512."""
 from __future__ import annotations
 
 import argparse
@@ -66,22 +70,35 @@ def main() -> int:
             row["peer_dequant_us"] = time_rotated([lambda: (dequantize_model1_fp8(swa, SWA_PAGE, torch.bfloat16),
                                                             dequantize_model1_fp8(c4, C4_PAGE, torch.bfloat16))],
                                                   replays=10)
-            row["peer_attn_us"] = row["peer_total_us"] = row["ratio"] = None
+            row["peer_attn_us"] = row["peer_total_us"] = row["ratio"] = row["bf16_ratio"] = None
+            ws = torch.cat([dequantize_model1_fp8(swa, SWA_PAGE, torch.bfloat16).reshape(-1, 512),
+                            dequantize_model1_fp8(c4, C4_PAGE, torch.bfloat16).reshape(-1, 512)])
+            both = torch.cat([swa_idx, c4_idx + swa.shape[0] * SWA_PAGE], dim=1)
+            both_len = swa_len + c4_len
+            # ours in bf16 on the same workspace (64-token pages) and indices
+            pb = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", **sm.V4_HEAD_DIMS, max_rows=s_q,
+                                 mode="extend"))
+            sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
+            bb = pb.bind(sb, q=q, indices=both, lengths=both_len, out=out)
+            kv64 = ws.view(-1, 64, 512)
+            row["ours_bf16_us"] = time_rotated([lambda: sm.run_extend(bb, kv_cache=kv64, sm_scale=SM_SCALE,
+                                                                      attn_sink=sink)], replays=10)
             if flashmla.available():
-                ws = torch.cat([dequantize_model1_fp8(swa, SWA_PAGE, torch.bfloat16).reshape(-1, 512),
-                                dequantize_model1_fp8(c4, C4_PAGE, torch.bfloat16).reshape(-1, 512)])
-                both = torch.cat([swa_idx, c4_idx + swa.shape[0] * SWA_PAGE], dim=1)
-                fn = flashmla.prefill_v4_bf16(q, ws, both, swa_len + c4_len, SM_SCALE, attn_sink=sink)
+                fn = flashmla.prefill_v4_bf16(q, ws, both, both_len, SM_SCALE, attn_sink=sink)
                 row["peer_attn_us"] = time_rotated([fn], replays=10)
                 row["peer_total_us"] = row["peer_dequant_us"] + row["peer_attn_us"]
                 row["ratio"] = row["ours_us"] / row["peer_total_us"]
+                row["bf16_ratio"] = row["ours_bf16_us"] / row["peer_attn_us"]
+            del sb
             rows_out.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n{'s_q':>5} {'H':>4} | {'ours us':>8} | {'dequant us':>10} {'FlashMLA us':>11} {'peer us':>8} {'ratio':>6}")
+    print(f"\n{'s_q':>5} {'H':>4} | {'ours us':>8} | {'dequant us':>10} {'FlashMLA us':>11} {'peer us':>8} {'ratio':>6}"
+          f" | {'ours bf16':>9} {'bf16 ratio':>10}")
     for x in rows_out:
         f = lambda v, w: f"{v:{w}.1f}" if v else f"{'n/a':>{w}}"  # noqa: E731
         print(f"{x['s_q']:>5} {x['heads']:>4} | {x['ours_us']:8.1f} | {f(x['peer_dequant_us'], 10)} "
-              f"{f(x['peer_attn_us'], 11)} {f(x['peer_total_us'], 8)} {f(x['ratio'], 6)}")
+              f"{f(x['peer_attn_us'], 11)} {f(x['peer_total_us'], 8)} {f(x['ratio'], 6)}"
+              f" | {f(x['ours_bf16_us'], 9)} {f(x['bf16_ratio'], 10)}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"info": run_info(torch.cuda.get_device_name(), torch=torch.__version__), "rows": rows_out}, fh,

@@ -37,7 +37,8 @@ if [ "$what" = indexer ] || [ "$what" = all ]; then
   python3 benchmarks/bench_indexer.py --json "$OUT/indexer.json" ${INDEXER_BENCH_ARGS:-} > "$OUT/bench-indexer.log" 2>&1 || rc=1
 fi
 if [ "$what" = v4 ] || [ "$what" = all ]; then
-  python3 -m pytest -q -m gpu tests/gpu/test_sparse_mla_model1_gpu.py -p no:cacheprovider > "$OUT/gpu-tests-v4.log" 2>&1 || rc=1
+  python3 -m pytest -q -m gpu tests/gpu/test_sparse_mla_model1_gpu.py tests/gpu/test_sparse_mla_v4_bf16_gpu.py \
+    -p no:cacheprovider > "$OUT/gpu-tests-v4.log" 2>&1 || rc=1
   python3 benchmarks/bench_sparse_mla_v4.py --json "$OUT/v4.json" > "$OUT/bench-v4.log" 2>&1 || rc=1
   python3 benchmarks/bench_sparse_mla_v4_prefill.py --json "$OUT/v4-prefill.json" > "$OUT/bench-v4-prefill.log" 2>&1 || rc=1
 fi

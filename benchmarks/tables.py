@@ -136,9 +136,11 @@ def v4_prefill_table(data: dict) -> str:
         out.append([str(r["s_q"]), str(r["heads"]), str(r["c4_topk"]), _f(ours, ".0f"),
                     _f(r.get("peer_dequant_us"), ".0f"), _f(attn, ".0f"), _f(total, ".0f"),
                     _f(ours / total if total else None, ".2f"), f"{t_ours:.0f} ({t_ours / roof:.0%})",
-                    NA if t_attn is None else f"{t_attn:.0f} ({t_attn / roof:.0%})"])
+                    NA if t_attn is None else f"{t_attn:.0f} ({t_attn / roof:.0%})",
+                    _f(r.get("ours_bf16_us"), ".0f"), _f(r.get("bf16_ratio"), ".2f")])
     return _table(["s_q", "H", "C4 top-k", "ours µs", "peer dequant µs", "peer FlashMLA µs", "peer total µs",
-                   "ratio", "ours TFLOP/s (% roofline)", "FlashMLA attention TFLOP/s (% roofline)"], out)
+                   "ratio", "ours TFLOP/s (% roofline)", "FlashMLA attention TFLOP/s (% roofline)",
+                   "ours bf16 µs (same workspace)", "bf16 ratio (to FlashMLA attention)"], out)
 
 
 TABLES = {"decode": decode_table, "extend": extend_table, "indexer": indexer_table,

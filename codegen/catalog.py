@@ -25,11 +25,17 @@ class ModelConfig:
     page_size: int = 64
     extra_topk: int = 0          # DeepSeek-V4 layers with a compressed cache: the extra list
     extra_page_size: int = 0
+    # (q_head_dim, kv_lora_rank, rope_dim, v_head_dim): one of the format's sets
+    # (SPARSE_MLA_HEAD_DIMS); None: its first
+    dims: tuple[int, int, int, int] | None = None
+
+    @property
+    def head_dims(self) -> tuple[int, int, int, int]:
+        return self.dims or SPARSE_MLA_HEAD_DIMS[self.kv_format][0]
 
     def specs(self, arch: str) -> list[KernelSpec]:
-        """Decode and extend: an engine's prewarm bundle routes between them by rows per request.
-        The head dims are the format's (SPARSE_MLA_HEAD_DIMS; one set per format so far)."""
-        (q, nope, rope, v), = SPARSE_MLA_HEAD_DIMS[self.kv_format]
+        """Decode and extend: an engine's prewarm bundle routes between them by rows per request."""
+        q, nope, rope, v = self.head_dims
         return [SparseMLASpec(q_head_dim=q, kv_lora_rank=nope, rope_dim=rope, v_head_dim=v, num_heads=self.num_heads,
                               kv_format=self.kv_format, topk=self.topk, page_size=self.page_size, mode=m, arch=arch,
                               extra_topk=self.extra_topk, extra_page_size=self.extra_page_size)
@@ -178,6 +184,10 @@ PRESETS: dict[str, Preset] = {
                tuple(ModelConfig(h, "model1_fp8", page_size=p) for h in (8, 16) for p in (64, 256))
                + tuple(ModelConfig(h, "model1_fp8", topk=512, page_size=256, extra_topk=xk, extra_page_size=xp)
                        for h in (8, 16) for xk, xp in ((1024, 64), (8192, 2)))),
+        # bf16 KV at DeepSeek-V4's head dims (512 = 448 + 64, V all 512): the cache engines
+        # dequantise model1_fp8 pages to for prefill; extend and decode, every head count
+        Preset("sparse-mla-v4-bf16", "sparse MLA over bf16 KV at DeepSeek-V4's head dims (d_qk 512): all heads",
+               tuple(ModelConfig(h, "bf16", dims=SPARSE_MLA_HEAD_DIMS["bf16"][1]) for h in SPARSE_MLA_HEADS)),
         Preset("deepseek-v3.2-indexer", "V3.2 lightning indexer: 64 index heads, top-k 2048", (IndexerConfig(64),)),
         Preset("glm-5-indexer", "GLM-5 lightning indexer: 32 index heads, top-k 2048", (IndexerConfig(32),)),
         Preset("indexer-compressed", "compressed indexer caches (c = 4, 128), 64 heads", (IndexerConfig(64, (4, 128)),)),

@@ -68,7 +68,7 @@ SPARSE_MLA_HEADS = (8, 16, 32, 64, 128)
 # A format's record layout follows from them (codegen/cute_blocks/sparse_mla/kv_layout.py).
 SPARSE_MLA_HEAD_DIMS: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "fp8_ds_mla": ((576, 512, 64, 512),),     # DeepSeek-V3.2, GLM-5
-    "bf16": ((576, 512, 64, 512),),
+    "bf16": ((576, 512, 64, 512), (512, 448, 64, 512)),   # DeepSeek-V4's dims too (what engines dequantise to)
     "model1_fp8": ((512, 448, 64, 512),),     # DeepSeek-V4: V is all 512 dims of K
 }
 # Tokens per cache page each KV format serves (model1_fp8: the sliding-window cache's pages).
@@ -157,8 +157,13 @@ class SparseMLASpec(KernelSpec):
     @property
     def name(self) -> str:
         page = "" if self.page_size == 64 else f"_p{self.page_size}"
+        # head dims other than the format's first set are named (bf16 at DeepSeek-V4's: _d512)
+        dims = "" if self._dims() == SPARSE_MLA_HEAD_DIMS[self.kv_format][0] else f"_d{self.q_head_dim}"
         extra = f"_x{self.extra_topk}p{self.extra_page_size}" if self.extra_topk else ""
-        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}{extra}_{self.kv_format}{page}_{self.arch}"
+        return f"sparse_mla_{self.mode}_h{self.num_heads}_k{self.topk}{extra}_{self.kv_format}{dims}{page}_{self.arch}"
+
+    def _dims(self) -> tuple[int, int, int, int]:
+        return tuple(getattr(self, f) for f in _HEAD_DIM_FIELDS)
 
     def template_context(self) -> dict:
         from .tiling import COMBINE_FEW_SPLITS, MAX_SPLITS

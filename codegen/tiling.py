@@ -184,8 +184,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
-    # (V4: V covers the RoPE block, so the producer form keeps one P per stage beside the stages)
-    p_in_rope = (heads_as_n and not fp8 and stages == 1) or (producer and not v_in_rope)
+    # (V4: V covers the RoPE block, so P cannot live there: the producer form keeps one P per
+    # stage beside the stages, the bf16 extend at 8-32 heads one P beside its stage)
+    p_in_rope = ((heads_as_n and not fp8 and stages == 1) or producer) and not v_in_rope
     p_stages = stages if producer and not p_in_rope else 1
     wgmma = arch == "sm_90a" and (head_block == 64 and WGMMA_ENABLED or heads_as_n)
     smem = _smem_bytes(d_qk, record_bytes, head_block, tile_tokens, stages, max(warps_m, warps_n), raw_stages,

@@ -30,7 +30,7 @@ V4_PRESETS = {
 }
 # component presets (tests, benchmarks) keep their bundles: spec counts on sm_90a
 COMPONENT_PRESETS = {"sparse-mla-all": 20, "sparse-mla-wide": 8, "deepseek-v3.2-indexer": 8, "glm-5-indexer": 8, "indexer-compressed": 12,
-                     "dcp-topk": 2, "indexer-all": 58, "sparse-mla-model1": 16}
+                     "dcp-topk": 2, "indexer-all": 58, "sparse-mla-model1": 16, "sparse-mla-v4-bf16": 10}
 
 
 def test_model_and_component_presets():

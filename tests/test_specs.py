@@ -83,3 +83,20 @@ def test_head_dim_table_covers_every_format():
     for sets in SPARSE_MLA_HEAD_DIMS.values():
         for q, nope, rope, v in sets:
             assert q == nope + rope and v <= q
+
+
+def test_bf16_serves_deepseek_v4_dims_under_their_own_name():
+    """bf16 KV at DeepSeek-V4's dims (the cache engines dequantise model1_fp8 to): a spec of its
+    own name (the format's first dims keep theirs), V over the RoPE block, so P is kept beside
+    the one K stage of the 8-32-head extend instead of in that block."""
+    v4 = dict(q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, kv_format="bf16")
+    assert SparseMLASpec(num_heads=16, kv_format="bf16", mode="extend").name == "sparse_mla_extend_h16_k2048_bf16_sm_90a"
+    s = SparseMLASpec(num_heads=16, mode="extend", **v4)
+    assert s.name == "sparse_mla_extend_h16_k2048_bf16_d512_sm_90a"
+    t, t576 = s.tiling(), SparseMLASpec(num_heads=16, kv_format="bf16", mode="extend").tiling()
+    assert t["stages"] == t576["stages"] == 1 and t576["p_in_rope"] and not t["p_in_rope"] and t["p_stages"] == 1
+    for h in (8, 32, 64, 128):
+        assert not SparseMLASpec(num_heads=h, mode="extend", **v4).tiling()["p_in_rope"]
+    with pytest.raises(SpecError) as e:
+        SparseMLASpec(**{**v4, "kv_lora_rank": 512})
+    assert e.value.field == "kv_lora_rank" and "448" in str(e.value)

@@ -221,8 +221,8 @@ class AttentionKernel(TilePipelines):
             self.run_tiles_fp8_regs(*state)
         elif const_expr(self.fp8):
             self.run_tiles_fp8_raw(*state)
-        elif const_expr(self.p_in_rope):
-            self.run_tiles_bf16_p_in_rope(*state)
+        elif const_expr(self.stages == 1):
+            self.run_tiles_bf16_one_stage(*state)
         else:
             self.run_tiles_bf16(*state, role=role)
 

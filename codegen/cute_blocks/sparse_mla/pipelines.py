@@ -138,12 +138,14 @@ class TilePipelines:
                 )
 
     @cute.jit
-    def run_tiles_bf16_p_in_rope(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
-        """bf16, one K stage with P in its RoPE block (extend at 16/32 heads as N): the gather of
-        tile t+1 waits for tile t's P V (two CTAs per SM overlap one's gather with the other's
-        math)."""
+    def run_tiles_bf16_one_stage(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
+        """bf16, one K stage (extend at 8-32 heads as N), P in its RoPE block or, where V covers
+        that block, beside it: the gather of tile t+1 waits for tile t's P V (two CTAs per SM
+        overlap one's gather with the other's math)."""
         _, row, wn, lane, _ = cta
         _, _, sQ, sK, sP, sBias, sRed, _, _ = smem
+        if const_expr(self.p_in_rope):
+            sP = sP[None, None, 0]
         mKV, mIdx, tok_begin, tok_end, n_tiles = rows
         gmem_tiled_copy, gmem_thr_copy, _, tKcK, rIdx, n_slots = gather
         thr_mma = mma[2]
@@ -157,7 +159,7 @@ class TilePipelines:
             self.cta_sync()
             acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, 0], wn)
             self.compute_tile_wg(
-                thr_mma, sKs=sK[None, None, 0], sP=sP[None, None, 0], sBias=sBias, sRed=sRed, stage=0,
+                thr_mma, sKs=sK[None, None, 0], sP=sP, sBias=sBias, sRed=sRed, stage=0,
                 wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
                 sm_scale_log2=sm_scale_log2,
             )
