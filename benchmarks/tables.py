@@ -49,16 +49,19 @@ def decode_table(data: dict) -> str:
 def extend_table(data: dict) -> str:
     roof = BF16_FLOP_PER_S / 1e12
     out = []
-    for r in sorted(data["rows"], key=lambda r: (r["s_q"], r["heads"])):
+    # rows of earlier runs have no s_kv (their cache was 131072 tokens) and no fp8 peer
+    for r in sorted(data["rows"], key=lambda r: (r.get("skv", 131072), r["s_q"], r["heads"])):
         peer = r["peer_bf16_us"]
         fp8 = r.get("ours_fp8_us")
-        out.append([str(r["s_q"]), str(r["heads"]), _f(r["ours_bf16_us"], ".0f"), _f(peer, ".0f"),
-                    _f(r["ours_bf16_us"] / peer if peer else None, ".2f"),
+        out.append([str(r.get("skv", 131072)), str(r["s_q"]), str(r["heads"]), _f(r["ours_bf16_us"], ".0f"),
+                    _f(peer, ".0f"), _f(r["ours_bf16_us"] / peer if peer else None, ".2f"),
                     f"{r['bf16_tflops']:.0f} ({r['bf16_tflops'] / roof:.0%})",
                     NA if not r.get("peer_tflops") else f"{r['peer_tflops']:.0f} ({r['peer_tflops'] / roof:.0%})",
-                    _f(fp8, ".0f"), NA if not fp8 else f"{r['fp8_tflops']:.0f} ({r['fp8_tflops'] / roof:.0%})"])
-    return _table(["s_q", "H", "ours bf16 µs", "FlashMLA bf16 µs", "ratio", "ours bf16 TFLOP/s (% roofline)",
-                   "FlashMLA TFLOP/s (% roofline)", "ours fp8 µs", "ours fp8 TFLOP/s (% roofline)"], out)
+                    _f(fp8, ".0f"), NA if not fp8 else f"{r['fp8_tflops']:.0f} ({r['fp8_tflops'] / roof:.0%})",
+                    _f(r.get("peer_fp8_total_us"), ".0f"), _f(r.get("ratio_fp8"), ".2f")])
+    return _table(["s_kv", "s_q", "H", "ours bf16 µs", "FlashMLA bf16 µs", "ratio", "ours bf16 TFLOP/s (% roofline)",
+                   "FlashMLA TFLOP/s (% roofline)", "ours fp8 µs", "ours fp8 TFLOP/s (% roofline)",
+                   "dequant + FlashMLA µs", "fp8 ratio"], out)
 
 
 def indexer_table(data: dict) -> str:
