@@ -43,6 +43,8 @@ MANIFEST_FORMAT = 1
 SO_NAME = "kernel.so"
 MANIFEST_NAME = "manifest.json"
 SOURCE_NAME = "source.py"
+# the manifest fields store() writes itself (the rest come from the build)
+MANIFEST_FORMAT_FIELDS = ("format", "key", "arch", "so")
 _TEMP_PREFIXES = tuple(f".{n}." for n in (SO_NAME, MANIFEST_NAME, SOURCE_NAME))  # store()'s temp files
 _GROUP_OTHER_W = stat.S_IWGRP | stat.S_IWOTH
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC

@@ -1,4 +1,5 @@
-"""b12x-codegen: list [PRESET] | emit [--check] | build --preset P | prewarm --preset P | verify | prune."""
+"""b12x-codegen: list [PRESET] | emit [--check] | build --preset P | export --preset P --to DIR | prewarm --preset P |
+verify | prune."""
 from __future__ import annotations
 
 import argparse
@@ -194,6 +195,45 @@ def cmd_prune(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """Copy the built artifacts of some presets from this cache (B12X_CACHE_DIR) into the cache at
+    --to: what a serving box needs of a build box's cache (its model's bundle, verified, nothing
+    else). Refuses, naming them, when some spec has no good artifact here."""
+    from b12x.artifact_cache import MANIFEST_FORMAT_FIELDS, SOURCE_NAME, artifact_key
+
+    archs = parse_archs(args.arch)
+    specs = []
+    for name in (n for n in args.preset.split(",") if n):
+        specs += [s for s in get_preset(name).specs(archs) if s not in specs]
+    src, dst = ArtifactCache(), ArtifactCache(args.to)
+    found, missing = [], []
+    for spec in specs:
+        key = artifact_key(spec)
+        art, why = src.check(key, spec.arch)
+        (found if art is not None else missing).append((spec, key, art if art is not None else why))
+    if missing:
+        print(f"b12x-codegen: {len(missing)} of {len(specs)} specs have no good artifact in {src.root}; build them "
+              f"first (`b12x-codegen build --preset ...`):", *(f"{s.name} ({s.arch}): {why}" for s, _, why in missing),
+              sep="\n  ", file=sys.stderr)
+        return 1
+    if src.root.resolve() == dst.root.resolve():
+        print(f"b12x-codegen: --to {args.to} is the source cache itself", file=sys.stderr)
+        return 2
+    dst.ensure_writable()
+    rows, total = [], 0
+    for spec, key, art in found:
+        with dst.lock(key):
+            fields = {k: v for k, v in art.manifest.items() if k not in MANIFEST_FORMAT_FIELDS}
+            source = art.dir / SOURCE_NAME
+            dst.store(key, spec.arch, art.so_path, fields, source.read_text() if source.exists() else None)
+        size = art.so_path.stat().st_size
+        total += size
+        rows.append([spec.name, spec.arch, f"{size / 1024:.0f} KiB", key[:12]])
+    print(_table(["spec", "arch", "size", "key"], rows))
+    print(f"exported {len(rows)} artifacts ({total / 2 ** 20:.1f} MiB) from {src.root} to {dst.root}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -230,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             b.add_argument("--max-batched", type=int, default=None, help="deprecated name of --max-rows")
             b.add_argument("--max-width", type=int, default=131072, help="widest indexer row warmed, in entries")
         b.set_defaults(fn=fn)
+    ex = sub.add_parser("export", help="copy the artifacts of presets into another cache (a serving box's)")
+    ex.add_argument("--preset", default=DEFAULT_PRESET, help="comma-separated presets")
+    ex.add_argument("--arch", default="sm_90a", help="comma-separated: sm_90a,sm_120a")
+    ex.add_argument("--to", required=True, help="the destination cache dir (created if needed)")
+    ex.set_defaults(fn=cmd_export)
     sub.add_parser("verify", help="check every cached artifact against its manifest").set_defaults(fn=cmd_verify)
     pr = sub.add_parser("prune", help="delete artifacts that no current catalog spec maps to, and what killed builds left")
     pr.set_defaults(fn=cmd_prune)

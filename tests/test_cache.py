@@ -322,3 +322,28 @@ def test_prune_cleans_leftovers_except_of_a_build_in_progress(tmp_cache):
     assert not (c.entry_dir(KEY, ARCH) / ".kernel.so.k1ll3d").exists()
     assert (c.entry_dir(other, ARCH) / ".kernel.so.k1ll3d").exists()
     assert c.check(KEY, ARCH)[1] == "ok" and c.check(other, ARCH)[1] == "ok"
+
+
+def test_export_copies_a_presets_artifacts_verified(tmp_cache, tmp_path, capsys):
+    """`b12x-codegen export` copies exactly the presets' artifacts, each as the destination's own
+    verified entry, and refuses, naming the spec, when one is not built."""
+    from codegen.catalog import get_preset
+    from codegen.cli import main
+
+    specs = get_preset("dcp-topk").specs(("sm_90a",))
+    src = ArtifactCache()
+    keys = [artifact_key(s) for s in specs]
+    for i, (spec, key) in enumerate(zip(specs, keys)):
+        src.get_or_build(key, spec.arch, _fake_build(bytes([65 + i]) * 777))
+    src.get_or_build(KEY, ARCH, _fake_build(b"other"))            # not in the preset: stays behind
+    dst = tmp_path / "serving"
+    assert main(["export", "--preset", "dcp-topk", "--to", str(dst)]) == 0
+    out = ArtifactCache(dst)
+    assert sorted(k for _, k, _ in out.entries()) == sorted(keys)
+    for i, (spec, key) in enumerate(zip(specs, keys)):
+        art, why = out.check(key, spec.arch)
+        assert why == "ok" and art.so_path.read_bytes() == bytes([65 + i]) * 777 and art.manifest["name"] == "fake"
+    assert main(["export", "--preset", "dcp-topk,deepseek-v3.2-tp8", "--to", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "sparse_mla_decode_h16_k2048_fp8_ds_mla_sm_90a (sm_90a): missing" in err and "dcp_topk_sm_90a" not in err
+    assert not (tmp_path / "x").exists()
