@@ -1,7 +1,7 @@
 """A small call of every kernel family and form, for compute-sanitizer (tools/sanitize.sh runs it
 under memcheck, initcheck, racecheck and synccheck).
 
-    python tools/sanitize.py [--only sparse_mla,model1,bundles[,control]] [--heads 8,16,32,64,128]
+    python tools/sanitize.py [--only sparse_mla,model1,v4_bf16,grouped,bundles[,control]] [--heads 8,16,32,64,128]
                              [--bundles deepseek-v3.2-tp8,indexer-compressed]
 
 (initcheck is slow, about half a minute a call: split the run over processes by --only, --heads
@@ -10,6 +10,8 @@ and --bundles, each under its own OUT; one GPU runs them side by side.)
 sparse_mla: decode (a one-row call of many splits, so the many-split combine; a three-row call of
 few) and extend, every head count, fp8_ds_mla and bf16, on random caches with -1 entries.
 model1: DeepSeek-V4 pages, main list + C4 extra list, decode and extend, every head count.
+v4_bf16: bf16 KV at DeepSeek-V4's dims, decode and extend, every head count.
+grouped: the indexer's grouped top-k (Caps.group_select) through each route of its maxima rows.
 bundles: prewarm_preset of the V3.2 bundle (indexer paged / row-pair / contiguous logits, top-k
 with and without scores, the fused path, DCP conversion, merge and owner filter) and of the
 compressed-indexer preset (c = 4, 128), at up to 4 rows. control (not in the default run): a decode
@@ -91,6 +93,38 @@ def model1_calls(heads: tuple[int, ...]) -> None:
                 _run(p, scratch, q, idx, lens, main, dict(extra_indices=xidx, extra_lengths=xlens), extra)
 
 
+def v4_bf16_calls(heads: tuple[int, ...]) -> None:
+    """bf16 KV at DeepSeek-V4's dims (V over the RoPE block: P beside the one K stage at 8-32 heads)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    kv = torch.randn(16, 64, V4_DIM, device="cuda", generator=g).bfloat16()
+    for h in heads:
+        for mode in ("decode", "extend"):
+            p = sm.plan(sm.Caps(num_heads=h, topk=2048, kv_format="bf16", **sm.V4_HEAD_DIMS, max_rows=4, mode=mode))
+            scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+            for rows, width in ((1, 2048), (3, 512)):
+                _step(f"sparse_mla bf16 d512 h{h} {mode} rows {rows} width {width}")
+                q = torch.randn(rows, h, V4_DIM, device="cuda", generator=g).bfloat16()
+                _run(p, scratch, q, *_indices(rows, width, 16 * 64, g), kv)
+
+
+def grouped_calls() -> None:
+    """The grouped top-k (indexer Caps.group_select) on caller logits with row starts: its maxima
+    rows through chunk_final (5000 groups), the wide top-k (3 rows of 20480) and row_final (64 rows
+    of 17500)."""
+    from b12x import indexer as ix
+    g = torch.Generator(device="cuda").manual_seed(4)
+    for rows, width in ((3, 40000), (3, 163840), (64, 140000)):
+        p = ix.plan(ix.Caps(num_heads=64, topk=2048, mode="contiguous", max_rows=rows, max_width=width,
+                            with_scores=True, group_select=True))
+        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+        logits = torch.randn(rows, width, device="cuda", generator=g)
+        starts = torch.randint(0, 1000, (rows,), device="cuda", generator=g, dtype=torch.int32)
+        ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+        _step(f"grouped top-k rows {rows} width {width}")
+        idx, sc = ix.run_topk(ix.bind(p, scratch=scratch, lengths=ends, starts=starts, logits=logits))
+        _finish(sc)
+
+
 BUNDLES = ("deepseek-v3.2-tp8", "indexer-compressed")
 
 
@@ -119,7 +153,7 @@ def control_call() -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="sparse_mla,model1,bundles")
+    ap.add_argument("--only", default="sparse_mla,model1,v4_bf16,grouped,bundles")
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
     ap.add_argument("--bundles", default=",".join(BUNDLES), help="presets the bundles part prewarms")
     args = ap.parse_args()
@@ -129,6 +163,10 @@ def main() -> int:
         sparse_mla_calls(heads)
     if "model1" in parts:
         model1_calls(heads)
+    if "v4_bf16" in parts:
+        v4_bf16_calls(heads)
+    if "grouped" in parts:
+        grouped_calls()
     if "bundles" in parts:
         bundle_calls(tuple(args.bundles.split(",")))
     if "control" in parts:
