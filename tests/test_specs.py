@@ -100,3 +100,29 @@ def test_bf16_serves_deepseek_v4_dims_under_their_own_name():
     with pytest.raises(SpecError) as e:
         SparseMLASpec(**{**v4, "kv_lora_rank": 512})
     assert e.value.field == "kv_lora_rank" and "448" in str(e.value)
+
+
+def test_bf16_at_v4_dims_plans_binds_and_checks_its_pages():
+    """The facade takes the V4 dims for a bf16 cache: plans name the _d512 artifacts, bind takes
+    [rows, H, 512] q, and the cache check wants 512 bf16 values a token."""
+    import torch
+
+    from b12x.attention import sparse_mla as sm
+    from b12x.errors import InputError
+
+    for mode in ("decode", "extend"):
+        p = sm.plan(sm.Caps(num_heads=16, kv_format="bf16", **sm.V4_HEAD_DIMS, arch="sm_90a", num_sms=132,
+                            max_rows=4, mode=mode))
+        assert all(s.name.endswith("_bf16_d512_sm_90a") for s in p.specs())
+    scr = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+    b = p.bind(scr, q=torch.zeros(2, 16, 512, dtype=torch.bfloat16), indices=torch.zeros(2, 64, dtype=torch.int32),
+               lengths=torch.zeros(2, dtype=torch.int32))
+    assert b.out.shape == (2, 16, 512)
+    sm.check_kv_cache(torch.zeros(3, 64, 512, dtype=torch.bfloat16), "bf16", torch.device("cpu"), kv_lora_rank=448,
+                      rope_dim=64)
+    with pytest.raises(InputError, match=r"kv_cache: expected shape \(\*, 64, 512\)"):
+        sm.check_kv_cache(torch.zeros(3, 64, 576, dtype=torch.bfloat16), "bf16", torch.device("cpu"),
+                          kv_lora_rank=448, rope_dim=64)
+    with pytest.raises(InputError, match="q: expected shape"):
+        p.bind(scr, q=torch.zeros(2, 16, 576, dtype=torch.bfloat16), indices=torch.zeros(2, 64, dtype=torch.int32),
+               lengths=torch.zeros(2, dtype=torch.int32))
