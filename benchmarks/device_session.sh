@@ -53,11 +53,13 @@ fi
 if [ "$what" = grouped ]; then
   # the grouped top-k (Caps.group_select, docs/notes/topk.md): its GPU tests, the same logits both
   # ways, then the prefill bench each case both ways in one process
-  python3 -m pytest -q -m gpu tests/gpu/test_indexer_grouped_gpu.py -p no:cacheprovider -rf --tb=short \
+  # (time limits so that one slow part leaves the others' logs within a 600 s device call; the
+  # bench prints each case's JSON line as it finishes)
+  timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_indexer_grouped_gpu.py -p no:cacheprovider -rf --tb=short \
     > "$OUT/gpu-tests.log" 2>&1 || rc=1
-  python3 benchmarks/probe_grouped_topk.py > "$OUT/grouped-topk.log" 2>&1 || rc=1
-  python3 benchmarks/bench_indexer_prefill.py --group-select both --json "$OUT/indexer-prefill-grouped.json" \
-    > "$OUT/bench-indexer-prefill.log" 2>&1 || rc=1
+  timeout 150 python3 benchmarks/probe_grouped_topk.py > "$OUT/grouped-topk.log" 2>&1 || rc=1
+  timeout 300 python3 benchmarks/bench_indexer_prefill.py --group-select both \
+    --json "$OUT/indexer-prefill-grouped.json" > "$OUT/bench-indexer-prefill.log" 2>&1 || rc=1
 fi
 if [ "$what" = splits ]; then
   # the split-planner surveys the notes leave open (docs/notes/launch-and-splits.md, "Left"):
@@ -73,7 +75,7 @@ echo "== flash_mla import"; tail -3 "$OUT/flashmla-import.txt"
 [ -f "$OUT/gpu-tests.log" ] && { echo "== gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.log" | tail -40; }
 [ -f "$OUT/bench-decode.log" ] && { echo "== decode bench"; tail -30 "$OUT/bench-decode.log"; }
 [ -f "$OUT/bench-extend.log" ] && { echo "== extend bench"; tail -12 "$OUT/bench-extend.log"; }
-[ -f "$OUT/grouped-topk.log" ] && { echo "== grouped top-k against wide"; tail -8 "$OUT/grouped-topk.log"; }
+[ -f "$OUT/grouped-topk.log" ] && { echo "== grouped top-k against wide"; tail -10 "$OUT/grouped-topk.log"; }
 [ -f "$OUT/bench-indexer-prefill.log" ] && { echo "== indexer prefill bench"; tail -8 "$OUT/bench-indexer-prefill.log"; }
 [ -f "$OUT/bench-dcp.log" ] && { echo "== dcp bench"; tail -8 "$OUT/bench-dcp.log"; }
 [ -f "$OUT/bench-indexer.log" ] && { echo "== indexer bench"; tail -40 "$OUT/bench-indexer.log"; }
