@@ -75,6 +75,59 @@ def reference_check(case: dict, idx: torch.Tensor, rows: list[int]) -> dict:
     return {"checked_rows": len(rows), "max_rel_score_diff": worst, "tie_swaps": differing}
 
 
+def ours_times(sets: list, rows: int, n: int, grouped: bool, args) -> dict:
+    """run_index_topk in row batches within the scratch budget: checked on sampled rows, timed, and
+    where its time goes (one batch of N rows, the last and widest, scored, then selected, by a
+    plan that holds them all, scaled to the call's rows)."""
+    caps = ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=rows, max_width=n, group_select=grouped)
+    caps = replace(caps, logits_rows=ix.logits_rows_within(caps, args.scratch_mib << 20)
+                   if args.budget_mib is None else ix.logits_rows_for(args.budget_mib << 20, n, rows))
+    p = ix.plan(caps)
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in sets]
+    binds = [p.bind(scratch, q=s["q"], weights=s["w"], lengths=s["ends"], starts=s["starts"], width=n,
+                    indices=o) for s, o in zip(sets, outs)]
+    batch = binds[0].overlap_batch or binds[0].row_batch     # the rows of one batch as run_index_topk runs them
+    r = {"logits_rows": caps.logits_rows, "batch_rows": batch, "overlapped": bool(binds[0].overlap_batch),
+         "scratch_mib": p.scratch_bytes() / 2 ** 20}
+    outs[0].fill_(-7)
+    ix.run_index_topk(binds[0], kv_cache=(sets[0]["kv"], sets[0]["sc"]))
+    torch.cuda.synchronize()
+    r.update(reference_check(sets[0], outs[0], [0, 1, rows // 3, rows // 2, rows - 2, rows - 1]))
+    r["ours_us"] = time_rotated([lambda b=b, s=s: ix.run_index_topk(b, kv_cache=(s["kv"], s["sc"]))
+                                 for b, s in zip(binds, sets)], replays=args.replays)
+    del binds, scratch
+    nb = batch or rows
+    pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n, group_select=grouped))
+    sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    bb = [pb.bind(sb, q=s["q"][-nb:], weights=s["w"][-nb:], lengths=s["ends"][-nb:], starts=s["starts"][-nb:],
+                  width=n) for s in sets]
+    r["ours_logits_us"] = time_rotated([lambda b=b, s=s: ix.run_logits(b, kv_cache=(s["kv"], s["sc"]))
+                                        for b, s in zip(bb, sets)], replays=args.replays) * rows / nb
+    r["ours_topk_us"] = time_rotated([lambda b=b: ix.run_topk(b) for b in bb], replays=args.replays) * rows / nb
+    return r
+
+
+def peer_times(sets: list, rows: int, n: int, replays: int) -> dict:
+    """DeepGEMM fp8_fp4_mqa_logits (unchunked) + torch.topk on the raw buffer, once per case."""
+    r = {"peer_us": None, "peer_logits_us": None, "peer_bytes_mib": None}
+    if deepgemm.available():
+        try:
+            dg = deepgemm._dg
+
+            def peer_logits(s):
+                return dg.fp8_fp4_mqa_logits((s["q"], None), (s["kv"], s["sc"]), s["w"], s["starts"], s["ends"], n)
+
+            r["peer_bytes_mib"] = rows * n * 4 / 2 ** 20
+            r["peer_logits_us"] = time_rotated([lambda s=s: peer_logits(s) for s in sets], replays=replays)
+            r["peer_us"] = time_rotated([lambda s=s: torch.topk(peer_logits(s), K, dim=-1) for s in sets],
+                                        replays=replays)
+        except Exception as e:  # report, keep going
+            r["peer_error"] = f"{type(e).__name__}: {e}"
+    torch.cuda.empty_cache()
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -90,57 +143,18 @@ def main() -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  deep_gemm: {deepgemm.unavailable_reason() or deepgemm.version()}")
     results = []
-    for spec, grouped in [(s, v) for s in args.cases.split(",") for v in variants]:
+    for spec in args.cases.split(","):
         rows, ctx, c = (int(x) for x in spec.split("x"))
-        sets = [make_case(rows, ctx, c, g) for _ in range(2)]
+        sets = [make_case(rows, ctx, c, g) for _ in range(2)]      # one set of inputs for every variant
         n = sets[0]["n"]
-        caps = ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=rows, max_width=n, group_select=grouped)
-        caps = replace(caps, logits_rows=ix.logits_rows_within(caps, args.scratch_mib << 20)
-                       if args.budget_mib is None else ix.logits_rows_for(args.budget_mib << 20, n, rows))
-        p = ix.plan(caps)
-        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
-        outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in sets]
-        binds = [p.bind(scratch, q=s["q"], weights=s["w"], lengths=s["ends"], starts=s["starts"], width=n,
-                        indices=o) for s, o in zip(sets, outs)]
-        batch = binds[0].overlap_batch or binds[0].row_batch     # the rows of one batch as run_index_topk runs them
-        r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "group_select": grouped, "logits_rows": caps.logits_rows,
-             "batch_rows": batch, "overlapped": bool(binds[0].overlap_batch),
-             "scratch_mib": p.scratch_bytes() / 2 ** 20}
-        outs[0].fill_(-7)
-        ix.run_index_topk(binds[0], kv_cache=(sets[0]["kv"], sets[0]["sc"]))
-        torch.cuda.synchronize()
-        r.update(reference_check(sets[0], outs[0], [0, 1, rows // 3, rows // 2, rows - 2, rows - 1]))
-        r["ours_us"] = time_rotated([lambda b=b, s=s: ix.run_index_topk(b, kv_cache=(s["kv"], s["sc"]))
-                                     for b, s in zip(binds, sets)], replays=args.replays)
-        # where our time goes: one batch of N rows (the last ones, the widest) scored, then
-        # selected, by a plan that holds them all, scaled to the call's rows
-        nb = batch or rows
-        pb = ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=nb, max_width=n, group_select=grouped))
-        sb = torch.empty(pb.scratch_bytes(), dtype=torch.uint8, device="cuda")
-        bb = [pb.bind(sb, q=s["q"][-nb:], weights=s["w"][-nb:], lengths=s["ends"][-nb:], starts=s["starts"][-nb:],
-                      width=n) for s in sets]
-        r["ours_logits_us"] = time_rotated([lambda b=b, s=s: ix.run_logits(b, kv_cache=(s["kv"], s["sc"]))
-                                            for b, s in zip(bb, sets)], replays=args.replays) * rows / nb
-        r["ours_topk_us"] = time_rotated([lambda b=b: ix.run_topk(b) for b in bb], replays=args.replays) * rows / nb
-        del bb, sb
-        r["peer_us"] = r["peer_logits_us"] = r["peer_bytes_mib"] = None
-        if deepgemm.available():
-            try:
-                dg = deepgemm._dg
-
-                def peer_logits(s):
-                    return dg.fp8_fp4_mqa_logits((s["q"], None), (s["kv"], s["sc"]), s["w"], s["starts"], s["ends"], n)
-
-                r["peer_bytes_mib"] = rows * n * 4 / 2 ** 20
-                r["peer_logits_us"] = time_rotated([lambda s=s: peer_logits(s) for s in sets], replays=args.replays)
-                r["peer_us"] = time_rotated([lambda s=s: torch.topk(peer_logits(s), K, dim=-1) for s in sets],
-                                            replays=args.replays)
-            except Exception as e:  # report, keep going
-                r["peer_error"] = f"{type(e).__name__}: {e}"
-        r["ratio"] = r["ours_us"] / r["peer_us"] if r["peer_us"] else None
-        results.append(r)
-        print(json.dumps(r), flush=True)
-        del sets, binds, scratch, outs
+        peer = peer_times(sets, rows, n, args.replays)
+        for grouped in variants:
+            r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "group_select": grouped,
+                 **ours_times(sets, rows, n, grouped, args), **peer}
+            r["ratio"] = r["ours_us"] / r["peer_us"] if r["peer_us"] else None
+            results.append(r)
+            print(json.dumps(r), flush=True)
+        del sets
         torch.cuda.empty_cache()
     hdr = (f"{'rows':>5} {'ctx':>8} {'c':>3} {'width':>7} {'grp':>3} | {'N':>4} {'scratch MiB':>11} {'ours us':>9} "
            f"{'logits':>8} {'top-k':>7} | "
