@@ -173,13 +173,17 @@ class IndexerPlan(Plan):
         """Whether rows of `width` logits take the grouped top-k (Caps.group_select): wider than
         row_final's rows, on an arch that has it. Their maxima rows (width / group entries) then
         take chunk_final, row_final or, below row_min_rows rows, the wide top-k."""
-        t = self.tiling
-        return self.caps.group_select and bool(t["group_cap"]) and width > max(t["chunk"], t["row_chunk"])
+        return _grouped(self.caps, self.tiling) and width > _one_cta_width(self.tiling)
+
+    def multi_cta(self, rows: int, width: int) -> bool:
+        """Whether `rows` rows of `width` logits are selected by many CTAs a row (the wide top-k,
+        or the grouped one): wider than one chunk and not selected one CTA per row (row_final)."""
+        return width > self.tiling["chunk"] and not self.row_final(rows, width)
 
     def wide_route(self, rows: int, width: int) -> bool:
-        """Whether `rows` rows of `width` logits take the wide top-k: wider than one chunk, and
-        not selected one CTA per row (row_final) or by the grouped top-k."""
-        return width > self.tiling["chunk"] and not self.row_final(rows, width) and not self.group_route(width)
+        """Whether `rows` rows of `width` logits take the wide top-k: selected by many CTAs a row,
+        and not by the grouped top-k."""
+        return self.multi_cta(rows, width) and not self.group_route(width)
 
     @property
     def wide_slots(self) -> int:
@@ -224,7 +228,7 @@ class IndexerPlan(Plan):
         256-row ones). Batches of whole requests (docs/notes/indexer-logits.md)."""
         half = self.batch_rows(held // 2, width)
         half -= half % rows_per_req
-        if half < max(2, self.num_sms) or rows <= half or not (self.wide_route(half, width) or self.group_route(width)):
+        if half < max(2, self.num_sms) or rows <= half or not self.multi_cta(half, width):
             return 0
         return half
 
@@ -374,10 +378,20 @@ def logits_rows_within(caps: Caps, scratch_bytes: int) -> int:
     if half:
         return 2 * half
     batch = p.batch_rows(held, width)
-    if p.wide_route(batch, width) or p.group_route(width):
+    if p.multi_cta(batch, width):
         return batch
     per = -(-rows // -(-rows // batch))        # the same number of batches, of equal size
     return min(held, per + per % 2)
+
+
+def _grouped(caps: Caps, tiling: dict) -> bool:
+    """Caps.group_select on an arch whose top-k has the grouped entries."""
+    return caps.group_select and bool(tiling["group_cap"])
+
+
+def _one_cta_width(tiling: dict) -> int:
+    """The widest row one CTA selects (chunk_final, or row_final where the arch has it)."""
+    return max(tiling["chunk"], tiling["row_chunk"])
 
 
 def plan(caps: Caps) -> IndexerPlan:
@@ -410,7 +424,7 @@ def plan(caps: Caps) -> IndexerPlan:
               ("cand_key_b", torch.int32, crows * groups * k), ("cand_pos_b", torch.int32, crows * groups * k),
               ("cand_cnt_b", torch.int32, crows * groups),
               ("indices", torch.int32, rows * k), ("scores", torch.float32, rows * k)]
-    grouped = caps.group_select and bool(tiling["group_cap"])
+    grouped = _grouped(caps, tiling)
     require(not caps.group_select or grouped,
             f"Caps.group_select: expected False on {arch} (the grouped top-k is sm_90a only), got True")
     require(not grouped or k * tiling["group"] <= tiling["group_cap"],
@@ -426,7 +440,7 @@ def plan(caps: Caps) -> IndexerPlan:
                    ("wide_cnt", torch.int32, wide * -(-caps.max_width // tiling["wide_tile"]) * 2),
                    ("wide_state", torch.int32, wide * 4),
                    ("tie_key", torch.int32, wide * tiling["tie_cap"]), ("tie_pos", torch.int32, wide * tiling["tie_cap"])]
-    if grouped and caps.max_width > max(tiling["chunk"], tiling["row_chunk"]):
+    if grouped and caps.max_width > _one_cta_width(tiling):
         # the grouped top-k's maxima rows, and their top-k (the ids of each row's best groups)
         layout += [("group_max", torch.float32, sel * -(-caps.max_width // tiling["group"])),
                    ("group_idx", torch.int32, sel * k)]
@@ -671,27 +685,34 @@ def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
     kernels["wide_ties"](*args)
 
 
-def _run_group_topk(b: Binding, kernels, num_blocks: int) -> None:
-    """The grouped top-k (Caps.group_select, group_select.py): group_max writes the maxima of
-    each row's 8-logit groups (its valid range only), the plain top-k launches select each row's
-    K best groups from them (a binding of the maxima rows: no starts, no active width, row-relative
-    ids), and group_final selects the row's winners among those groups' logits."""
+def _group_topk_steps(b: Binding, kernels, num_blocks: int) -> tuple:
+    """The grouped top-k's three steps (Caps.group_select, group_select.py), each a launch
+    closure over views of the binding's scratch: group_max writes the maxima of each row's
+    8-logit groups (its valid range only); the plain top-k launches select each row's K best
+    groups from them (a binding of the maxima rows: no starts, no active width, row-relative ids);
+    group_final selects the row's winners among those groups' logits."""
     p = b.plan
     scratch, regions, group = b.cand[0][0], p.regions, p.tiling["group"]
     starts, active, bt, ratio = _row_args(b)
     has_starts, has_active = int(b.starts is not None), int(b.active_width is not None)
     maxima = _scratch.view(scratch, regions["group_max"], (b.rows, -(-b.width // group)))
-    kernels["group_max"](b.logits, starts, b.lengths, active, maxima, ratio, has_starts, has_active)
     # The maxima rows keep the row ends (lengths): [0, min(end, width / group)) holds every group
     # with a valid logit, ceil(end / group) of them, and the rest of the maxima are -inf.
     ids = _scratch.view(scratch, regions["group_idx"], (b.rows, b.k))
     id_scores = _scratch.view(scratch, regions["group_scores"], (b.rows, b.k)) if p.caps.with_scores else None
-    _run_topk(replace(b, width=maxima.shape[1], logits=maxima, starts=None, active_width=None, physical=False,
-                      indices=ids, scores=id_scores, row_batch=0, overlap_batch=0), num_blocks)
+    groups = replace(b, width=maxima.shape[1], logits=maxima, starts=None, active_width=None, physical=False,
+                     indices=ids, scores=id_scores, row_batch=0, overlap_batch=0)
     cand = _cand(b, 0, 1)            # placeholders: group_final reads the ids and the logits only
-    kernels["group_final"](b.logits, starts, b.lengths, active, bt, cand[0], ids.view(b.rows, 1, b.k), cand[2],
-                           *cand, *_outputs(b), b.k, ratio, has_starts, has_active, _physical(b, num_blocks),
-                           b.rows_per_req, 1)
+    return (lambda: kernels["group_max"](b.logits, starts, b.lengths, active, maxima, ratio, has_starts, has_active),
+            lambda: _run_topk(groups, num_blocks),
+            lambda: kernels["group_final"](b.logits, starts, b.lengths, active, bt, cand[0], ids.view(b.rows, 1, b.k),
+                                           cand[2], *cand, *_outputs(b), b.k, ratio, has_starts, has_active,
+                                           _physical(b, num_blocks), b.rows_per_req, 1))
+
+
+def _run_group_topk(b: Binding, kernels, num_blocks: int) -> None:
+    for step in _group_topk_steps(b, kernels, num_blocks):
+        step()
 
 
 def run_index_topk(b: Binding, *, kv_cache) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -14,14 +14,12 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from b12x import indexer as ix  # noqa: E402
-from b12x import scratch as _scratch  # noqa: E402
 from benchmarks.probe_topk import logits_like  # noqa: E402
 from benchmarks.timing import time_rotated  # noqa: E402
 
@@ -63,26 +61,9 @@ def main() -> int:
             for grp in (False, True):
                 t[grp].append(time_rotated([lambda b=b: ix.run_topk(b) for b in binds[grp]]))
         wide, grouped = min(t[False]), min(t[True])
-        # the grouped path's parts, each with the arguments _run_group_topk passes
+        # the grouped path's parts, each as run_topk launches it
         p, bs = plans[True], binds[True]
-        k = p.kernels("topk")
-        group = p.tiling["group"]
-
-        def parts(b):
-            scr = b.cand[0][0]
-            maxima = _scratch.view(scr, p.regions["group_max"], (rows, -(-width // group)))
-            ids = _scratch.view(scr, p.regions["group_idx"], (rows, 2048))
-            idsc = _scratch.view(scr, p.regions["group_scores"], (rows, 2048))
-            sa = replace(b, width=maxima.shape[1], logits=maxima, starts=None, active_width=None, physical=False,
-                         indices=ids, scores=idsc)
-            st, act, bt, ratio = ix._row_args(b)
-            cand = ix._cand(b, 0, 1)
-            return (lambda: k["group_max"](b.logits, st, b.lengths, act, maxima, ratio, 1, 0),
-                    lambda: ix._run_topk(sa, b.num_blocks),
-                    lambda: k["group_final"](b.logits, st, b.lengths, act, bt, cand[0], ids.view(rows, 1, 2048),
-                                             cand[2], *cand, b.indices, b.scores, 2048, ratio, 1, 0, 0, 1, 1))
-
-        fns = [parts(b) for b in bs]
+        fns = [ix._group_topk_steps(b, p.kernels("topk"), b.num_blocks) for b in bs]
         tm = [time_rotated([f[j] for f in fns]) for j in range(3)]
         print(f"{rows:5d} {width:7d} | {wide:8.1f} {grouped:8.1f} {grouped / wide:6.2f} | {tm[0]:6.1f} {tm[1]:6.1f}"
               f" {tm[2]:6.1f} | {'same winners and scores' if same else 'DIFFERENT'}", flush=True)

@@ -60,18 +60,22 @@ def _indices(rows: int, width: int, slots: int, g) -> tuple[torch.Tensor, torch.
     return idx, lens
 
 
-def sparse_mla_calls(heads: tuple[int, ...]) -> None:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    k = torch.randn(16, 64, 576, device="cuda", generator=g)
-    caches = {"fp8_ds_mla": quantize_fp8_ds_mla(k), "bf16": k.bfloat16()}
-    for fmt, kv in caches.items():
+def sparse_mla_calls(heads: tuple[int, ...], v4_dims: bool = False) -> None:
+    """V3.2's dims over fp8_ds_mla and bf16, or (v4_dims) bf16 at DeepSeek-V4's dims (V over the
+    RoPE block: P beside the one K stage of the 8-32-head extend)."""
+    g = torch.Generator(device="cuda").manual_seed(3 if v4_dims else 0)
+    dims = sm.V4_HEAD_DIMS if v4_dims else {}
+    k = torch.randn(16, 64, V4_DIM if v4_dims else 576, device="cuda", generator=g)
+    caches = {"bf16 d512": ("bf16", k.bfloat16())} if v4_dims else {
+        f: (f, kv) for f, kv in (("fp8_ds_mla", quantize_fp8_ds_mla(k)), ("bf16", k.bfloat16()))}
+    for label, (fmt, kv) in caches.items():
         for h in heads:
             for mode, calls in (("decode", ((1, 2048), (3, 512))), ("extend", ((3, 512),))):
-                p = sm.plan(sm.Caps(num_heads=h, topk=2048, kv_format=fmt, max_rows=4, mode=mode))
+                p = sm.plan(sm.Caps(num_heads=h, topk=2048, kv_format=fmt, max_rows=4, mode=mode, **dims))
                 scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
                 for rows, width in calls:
-                    _step(f"sparse_mla {fmt} h{h} {mode} rows {rows} width {width}")
-                    q = torch.randn(rows, h, 576, device="cuda", generator=g).bfloat16()
+                    _step(f"sparse_mla {label} h{h} {mode} rows {rows} width {width}")
+                    q = torch.randn(rows, h, p.caps.q_head_dim, device="cuda", generator=g).bfloat16()
                     _run(p, scratch, q, *_indices(rows, width, 16 * 64, g), kv)
 
 
@@ -91,20 +95,6 @@ def model1_calls(heads: tuple[int, ...]) -> None:
                 idx, lens = _indices(rows, 128, 4 * 256, g)
                 xidx, xlens = _indices(rows, xtopk, 16 * 64, g)
                 _run(p, scratch, q, idx, lens, main, dict(extra_indices=xidx, extra_lengths=xlens), extra)
-
-
-def v4_bf16_calls(heads: tuple[int, ...]) -> None:
-    """bf16 KV at DeepSeek-V4's dims (V over the RoPE block: P beside the one K stage at 8-32 heads)."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    kv = torch.randn(16, 64, V4_DIM, device="cuda", generator=g).bfloat16()
-    for h in heads:
-        for mode in ("decode", "extend"):
-            p = sm.plan(sm.Caps(num_heads=h, topk=2048, kv_format="bf16", **sm.V4_HEAD_DIMS, max_rows=4, mode=mode))
-            scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
-            for rows, width in ((1, 2048), (3, 512)):
-                _step(f"sparse_mla bf16 d512 h{h} {mode} rows {rows} width {width}")
-                q = torch.randn(rows, h, V4_DIM, device="cuda", generator=g).bfloat16()
-                _run(p, scratch, q, *_indices(rows, width, 16 * 64, g), kv)
 
 
 def grouped_calls() -> None:
@@ -164,7 +154,7 @@ def main() -> int:
     if "model1" in parts:
         model1_calls(heads)
     if "v4_bf16" in parts:
-        v4_bf16_calls(heads)
+        sparse_mla_calls(heads, v4_dims=True)
     if "grouped" in parts:
         grouped_calls()
     if "bundles" in parts:
