@@ -172,7 +172,7 @@ class IndexerPlan(Plan):
     def group_route(self, width: int) -> bool:
         """Whether rows of `width` logits take the grouped top-k (Caps.group_select): wider than
         row_final's rows, on an arch that has it. Their maxima rows (width / group entries) then
-        take chunk_final, row_final or, below row_min_rows rows, the wide top-k."""
+        take chunk_final or row_final, at any row count."""
         return _grouped(self.caps, self.tiling) and width > _one_cta_width(self.tiling)
 
     def multi_cta(self, rows: int, width: int) -> bool:
@@ -432,8 +432,8 @@ def plan(caps: Caps) -> IndexerPlan:
     if caps.max_width > tiling["chunk"]:
         # wide rows: row histogram, per-chunk counts, row state, threshold-bin buffer. Rows no wider
         # than row_chunk take the wide top-k only in launches of fewer than row_min_rows rows
-        # (IndexerPlan.wide_route), so the state covers that many there; so do the maxima rows of
-        # the grouped top-k (at most row_chunk entries), the only wide launches it makes.
+        # (IndexerPlan.wide_route), so the state covers that many there; a grouped plan's wider
+        # rows never take it (their maxima rows are selected one CTA a row).
         narrow = caps.max_width <= tiling["row_chunk"] or grouped
         wide = min(sel, tiling["row_min_rows"] - 1) if narrow else sel
         layout += [("wide_hist", torch.int32, wide * ((1 << tiling["wide_bits"]) + 4)),
@@ -638,15 +638,19 @@ def _run_topk(b: Binding, num_blocks: int) -> tuple[torch.Tensor, Optional[torch
     if p.wide_route(b.rows, b.width):
         _run_wide_topk(b, kernels, num_blocks)
         return b.indices, b.scores
-    row = p.row_final(b.rows, b.width)
-    # one CTA per row selects from its logits in shared memory: a single launch, whose candidate
-    # buffers (in and out) are unused placeholders
+    _one_cta_topk(b, kernels, num_blocks, row=p.row_final(b.rows, b.width))
+    return b.indices, b.scores
+
+
+def _one_cta_topk(b: Binding, kernels, num_blocks: int, *, row: bool) -> None:
+    """One CTA per row selects from its logits in shared memory (row_final past one chunk, else
+    chunk_final): a single launch, whose candidate buffers (in and out) are unused placeholders.
+    The winners come out in position order."""
     starts, active, bt, ratio = _row_args(b)
     cand = _cand(b, 0, 1)
     kernels["row_final" if row else "chunk_final"](
         b.logits, starts, b.lengths, active, bt, *cand, *cand, *_outputs(b), b.k, ratio,
         int(b.starts is not None), int(b.active_width is not None), _physical(b, num_blocks), b.rows_per_req, 1)
-    return b.indices, b.scores
 
 
 def _wide_args(b: Binding, num_blocks: int | None = None) -> tuple[torch.Tensor, tuple]:
@@ -688,23 +692,25 @@ def _run_wide_topk(b: Binding, kernels, num_blocks: int) -> None:
 def _group_topk_steps(b: Binding, kernels, num_blocks: int) -> tuple:
     """The grouped top-k's three steps (Caps.group_select, group_select.py), each a launch
     closure over views of the binding's scratch: group_max writes the maxima of each row's
-    8-logit groups (its valid range only); the plain top-k launches select each row's K best
-    groups from them (a binding of the maxima rows: no starts, no active width, row-relative ids);
-    group_final selects the row's winners among those groups' logits."""
+    8-logit groups (its valid range only, from the group of its start on); one CTA a row selects
+    each row's K best groups from them (a binding of the maxima rows: no starts, no active width,
+    row-relative ids), in position order at any row count (the wide top-k's ranked writes are
+    not, and group_final's tie rule needs it); group_final selects the row's winners among those
+    groups' logits."""
     p = b.plan
     scratch, regions, group = b.cand[0][0], p.regions, p.tiling["group"]
     starts, active, bt, ratio = _row_args(b)
     has_starts, has_active = int(b.starts is not None), int(b.active_width is not None)
     maxima = _scratch.view(scratch, regions["group_max"], (b.rows, -(-b.width // group)))
     # The maxima rows keep the row ends (lengths): [0, min(end, width / group)) holds every group
-    # with a valid logit, ceil(end / group) of them, and the rest of the maxima are -inf.
+    # with a valid logit, at most ceil(end / group) of them, and the rest have the lowest key.
     ids = _scratch.view(scratch, regions["group_idx"], (b.rows, b.k))
     id_scores = _scratch.view(scratch, regions["group_scores"], (b.rows, b.k)) if p.caps.with_scores else None
     groups = replace(b, width=maxima.shape[1], logits=maxima, starts=None, active_width=None, physical=False,
                      indices=ids, scores=id_scores, row_batch=0, overlap_batch=0)
     cand = _cand(b, 0, 1)            # placeholders: group_final reads the ids and the logits only
     return (lambda: kernels["group_max"](b.logits, starts, b.lengths, active, maxima, ratio, has_starts, has_active),
-            lambda: _run_topk(groups, num_blocks),
+            lambda: _one_cta_topk(groups, kernels, num_blocks, row=groups.width > p.tiling["chunk"]),
             lambda: kernels["group_final"](b.logits, starts, b.lengths, active, bt, cand[0], ids.view(b.rows, 1, b.k),
                                            cand[2], *cand, *_outputs(b), b.k, ratio, has_starts, has_active,
                                            _physical(b, num_blocks), b.rows_per_req, 1))

@@ -121,7 +121,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  records into registers and dequantises them (fp16) into two K stages, while
                  the warps_m x warps_n MMA warps run S, the softmax and O; P lives in each
                  stage's RoPE block so Q + two stages fit.
-    p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 16/32 heads as N; producer),
+    p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 8-32 heads as N; producer),
                  unless V reaches into it (v_in_rope: DeepSeek-V4's V is all of K).
     p_stages:    P buffers beside the K stages: the producer form's one per stage when P cannot
                  live in the RoPE block, else 1 (or none, p_in_rope).
@@ -155,9 +155,9 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
             warps_m, warps_n = 4, (2 if fp8 else 1)
             raw_stages = {32: 2, 16: 3, 8: 3}[head_block] if fp8 else 0
             if not fp8 and mode == "extend":
-                # one K stage, P in its RoPE block: two CTAs per SM, one gathers while the other
-                # multiplies. Decode keeps two stages: one stage measured slower for its rows
-                # (docs/notes/extend.md).
+                # one K stage (P in its RoPE block unless V covers it): two CTAs per SM, one
+                # gathers while the other multiplies. Decode keeps two stages: one stage measured
+                # slower for its rows (docs/notes/extend.md).
                 stages = 1
             if fp8 and head_block <= 16:
                 # records go global -> registers while the tile before is multiplied (no raw

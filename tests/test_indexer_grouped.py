@@ -10,7 +10,6 @@ from b12x import indexer as ix
 from codegen.indexer_specs import topk_tiling
 
 GROUP = topk_tiling("sm_90a")["group"]
-NEG_INF_KEY = 0x007FFFFF                   # the key of -inf
 
 
 def keys(x: torch.Tensor) -> torch.Tensor:
@@ -32,19 +31,22 @@ def whole_row(x: torch.Tensor, start: int, end: int, k: int) -> list:
 
 
 def grouped(x: torch.Tensor, start: int, end: int, k: int) -> list:
-    """group_max, the top-k of the maxima rows (no starts, ends kept), group_final."""
+    """The three launches as the kernels run them: group_max (the maxima row from the group of
+    start on, key 0 for a group without a valid logit), one CTA's top-k of the maxima row (the
+    row ends kept, no starts; ids in position order), group_final (ids back to positions)."""
     width = x.numel()
     ng = -(-width // GROUP)
     ends = end                               # the maxima rows keep the row ends; the rest clip to the width
-    end = min(end, width)
+    start, end = max(start, 0), min(max(end, 0), width)
+    first = min(start, end) // GROUP
     key = keys(x)
-    pos = torch.arange(width)
-    masked = torch.where((pos >= start) & (pos < end), key, torch.full_like(key, NEG_INF_KEY))
-    pad = torch.full((ng * GROUP - width,), NEG_INF_KEY, dtype=torch.long)
-    maxima = torch.cat([masked, pad]).view(ng, GROUP).max(dim=1).values
-    ids = select(maxima, torch.arange(ng) < min(max(ends, 0), ng), k)
+    maxima = []
+    for j in range(ng):
+        lo, hi = max((first + j) * GROUP, start), min((first + j) * GROUP + GROUP, end)
+        maxima.append(max((int(key[p]) for p in range(lo, hi)), default=0))
+    ids = select(torch.tensor(maxima), torch.arange(ng) < min(max(ends, 0), ng), k)
     ids += [-1] * (k - len(ids))
-    elem_pos = [g * GROUP + j if g >= 0 else -1 for g in ids for j in range(GROUP)]
+    elem_pos = [(first + g) * GROUP + j if g >= 0 else -1 for g in ids for j in range(GROUP)]
     elem_key = torch.tensor([int(key[p]) if 0 <= p < width else 0 for p in elem_pos])
     elem_ok = torch.tensor([p >= 0 and start <= p < end for p in elem_pos])
     return [elem_pos[i] for i in select(elem_key, elem_ok, k)]
@@ -82,6 +84,35 @@ def test_grouped_selection_equals_the_whole_row(kind, k):
         assert got == want, f"{kind} [{start}, {end}): {got} != {want}"
 
 
+def _bits(v: int) -> float:
+    return torch.tensor([v], dtype=torch.int32).view(torch.float32).item()
+
+
+@pytest.mark.parametrize("k", (2, 16))
+def test_grouped_rows_of_infinities_and_nans(k):
+    """Rows whose k-th key is -inf or a NaN below it: the groups before the row's start do not
+    exist in the maxima row, so none of them displaces a valid group at that key; a group of
+    NaNs of all-ones bits (key 0, as a group without a valid logit) ties the padding after the
+    row and wins by position."""
+    nan_ones, neg_nan = _bits(-1), _bits(-4194304)          # 0xFFFFFFFF, 0xFFC00000
+    width = 24 * k + 37
+    rows = []
+    x = torch.full((width,), float("-inf"))
+    x[8 * k + 3: 8 * k + 6] = 1.0                           # fewer finite logits than k, start past 8k
+    rows.append((x, 8 * k + 1, width))
+    x = torch.full((width,), float("-inf"))
+    x[:8] = neg_nan                                         # a group of negative NaNs before -inf groups
+    rows.append((x, 0, width))
+    x = torch.full((width,), nan_ones)
+    x[5] = 2.0
+    rows.append((x, 3, width - 9))                          # NaNs of all-ones bits everywhere
+    x = torch.full((width,), float("-inf"))
+    x[16 * k:] = neg_nan
+    rows.append((x, 8 * k + 5, width))
+    for x, start, end in rows:
+        assert grouped(x, start, end, k) == whole_row(x, start, end, k), (start, end)
+
+
 def _caps(**kw):
     base = dict(num_heads=64, topk=2048, mode="contiguous", max_rows=4096, max_width=262144, arch="sm_90a",
                 num_sms=132)
@@ -93,8 +124,8 @@ def test_group_route_and_scratch():
     p = ix.plan(_caps(group_select=True, logits_rows=376))
     assert p.group_route(262144) and p.group_route(t["row_chunk"] + 1) and not p.group_route(t["row_chunk"])
     assert not p.wide_route(376, 262144) and not p.wide_route(10, 262144)
-    # the maxima rows are at most row_chunk wide: below row_min_rows rows they take the wide top-k,
-    # so its state covers row_min_rows - 1 rows
+    # the maxima rows are at most row_chunk wide (one CTA a row selects them); rows no wider than
+    # row_chunk still take the wide top-k below row_min_rows rows, so its state covers that many
     assert -(-262144 // t["group"]) <= t["row_chunk"]
     assert p.regions["wide_state"].numel == (t["row_min_rows"] - 1) * 4
     assert p.regions["group_max"].numel == 376 * 262144 // t["group"]
@@ -158,3 +189,21 @@ def test_grouped_launches_hand_their_buffers_on(monkeypatch):
     assert gf[0] is logits and gf[1] is starts and gf[2] is ends and gf[-5:-2] == (1, 0, 0)
     assert gf[6].data_ptr() == ids.data_ptr() and gf[6].shape == (rows, 1, k)
     assert gf[11] is idx and gf[12] is sc and gf[13] == k
+
+
+def test_grouped_maxima_rows_take_one_cta_a_row(monkeypatch):
+    """At any row count, the maxima rows are selected one CTA a row (row_final past one chunk):
+    group_final's tie rule needs their ids in position order, which the wide top-k's ranked
+    writes do not give."""
+    from tests.test_indexer_cpu import _recording_kernels
+
+    calls = _recording_kernels(monkeypatch)
+    width, k = 262144, 2048
+    for rows in (3, 64):
+        calls.clear()
+        p = ix.plan(_caps(max_rows=rows, max_width=width, group_select=True))
+        scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
+        b = p.bind(scratch, lengths=torch.full((rows,), width, dtype=torch.int32), width=width,
+                   logits=torch.empty(rows, width))
+        ix.run_topk(b)
+        assert [e for _, e, _ in calls] == ["group_max", "row_final", "group_final"], rows

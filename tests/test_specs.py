@@ -123,6 +123,33 @@ def test_bf16_at_v4_dims_plans_binds_and_checks_its_pages():
     with pytest.raises(InputError, match=r"kv_cache: expected shape \(\*, 64, 512\)"):
         sm.check_kv_cache(torch.zeros(3, 64, 576, dtype=torch.bfloat16), "bf16", torch.device("cpu"),
                           kv_lora_rank=448, rope_dim=64)
-    with pytest.raises(InputError, match="q: expected shape"):
+    # a q of the format's other dims names the plan's and how to plan for them
+    with pytest.raises(InputError, match=r"q: expected last dim Caps.q_head_dim=512 .* got 576: bf16 also serves "
+                                         r"q_head_dim=576, plan with Caps\(\.\.\., q_head_dim=576, kv_lora_rank=512"):
         p.bind(scr, q=torch.zeros(2, 16, 576, dtype=torch.bfloat16), indices=torch.zeros(2, 64, dtype=torch.int32),
                lengths=torch.zeros(2, dtype=torch.int32))
+    p576 = sm.plan(sm.Caps(num_heads=16, kv_format="bf16", arch="sm_90a", num_sms=132, max_rows=4))
+    with pytest.raises(InputError, match=r"q_head_dim=576 .* got 512: .* kv_lora_rank=448, rope_dim=64, v_head_dim=512"):
+        p576.bind(torch.empty(p576.scratch_bytes(), dtype=torch.uint8), q=torch.zeros(2, 16, 512, dtype=torch.bfloat16),
+                  indices=torch.zeros(2, 64, dtype=torch.int32), lengths=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(InputError, match="q: expected shape"):      # no set of the format has that dim
+        p.bind(scr, q=torch.zeros(2, 16, 500, dtype=torch.bfloat16), indices=torch.zeros(2, 64, dtype=torch.int32),
+               lengths=torch.zeros(2, dtype=torch.int32))
+
+
+def test_spec_names_are_unique_across_head_dim_sets():
+    """Every head-dim set of every format names its specs apart (the name is the artifact's file,
+    module and registry name): two sets may not share the dims the name spells."""
+    from codegen.specs import SPARSE_MLA_HEAD_DIMS
+
+    names = {}
+    for fmt, sets in SPARSE_MLA_HEAD_DIMS.items():
+        for q, nope, rope, v in sets:
+            for mode in ("decode", "extend"):
+                for arch in ("sm_90a", "sm_120a"):
+                    kw = dict(num_heads=64, kv_format=fmt, mode=mode, arch=arch, q_head_dim=q, kv_lora_rank=nope,
+                              rope_dim=rope, v_head_dim=v)
+                    if fmt == "model1_fp8":
+                        kw["page_size"] = 256
+                    s = SparseMLASpec(**kw)
+                    assert names.setdefault(s.name, s) == s, f"{s.name} names two specs"

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
-from codegen.specs import SparseMLASpec
+from codegen.specs import SPARSE_MLA_HEAD_DIMS, SparseMLASpec
 from codegen.tiling import (COMBINE_FEW_SPLITS, HEADS_N_BF16_WHOLE_ROW_COST, MAX_SPLITS,  # noqa: F401
                             PRODUCER_WHOLE_ROW_COST, REGISTER_SM_SHARE,
                             WARP_GROUP_SM_SHARE)
@@ -294,6 +294,7 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
     """SparseMLAPlan.bind."""
     caps = plan.caps
     h, d_v = caps.num_heads, caps.v_head_dim
+    _check_head_dim("q", q, caps)
     check_tensor("q", q, dtype=torch.bfloat16, shape=(None, h, caps.q_head_dim), contiguous=True)
     check_cuda_anchor("q", q, indices, lengths, scratch, out, lse, num_rows)
     rows = q.shape[0]
@@ -353,6 +354,19 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
 bind = module_bind(SparseMLAPlan, Binding, __name__)
 
 
+def _check_head_dim(name: str, t: torch.Tensor, caps: Caps) -> None:
+    """A q whose last dim is another head-dim set of the format (bf16 serves V3.2's 576 and V4's
+    512): the plan's dims are named, and how to plan for the other set."""
+    if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[-1] == caps.q_head_dim:
+        return
+    other = [d for d in SPARSE_MLA_HEAD_DIMS.get(caps.kv_format, ()) if d[0] == t.shape[-1]]
+    if other:
+        q_dim, lora, rope, v = other[0]
+        raise InputError(f"{name}: expected last dim Caps.q_head_dim={caps.q_head_dim} (the plan's head dims), got "
+                         f"{t.shape[-1]}: {caps.kv_format} also serves q_head_dim={q_dim}, plan with Caps(..., "
+                         f"q_head_dim={q_dim}, kv_lora_rank={lora}, rope_dim={rope}, v_head_dim={v})")
+
+
 def kv_token(kv_format: str, kv_lora_rank: int = SparseMLASpec.kv_lora_rank,
              rope_dim: int = SparseMLASpec.rope_dim) -> tuple[torch.dtype, int]:
     """(element dtype, elements per token) of a [blocks, page, record] cache of kv_format's
@@ -368,13 +382,13 @@ def check_kv_cache(kv_cache: torch.Tensor, kv_format: str, device: torch.device,
         _check_model1_pages(kv_cache, kv_record(kv_format, kv_lora_rank, rope_dim), page_size, device, name)
         return
     dtype, last = kv_token(kv_format, kv_lora_rank, rope_dim)
-    check_tensor("kv_cache", kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
+    check_tensor(name, kv_cache, dtype=dtype, shape=(None, PAGE, last), device=device)
     elem = kv_cache.element_size()
     require(kv_cache.stride(2) == 1 and kv_cache.stride(1) == last,
-            f"kv_cache: expected token stride {last} and element stride 1 within a page ({kv_format}), "
+            f"{name}: expected token stride {last} and element stride 1 within a page ({kv_format}), "
             f"got strides {kv_cache.stride()}")
     require(kv_cache.stride(0) >= PAGE * last and (kv_cache.stride(0) * elem) % 16 == 0,
-            f"kv_cache: expected a page stride >= {PAGE * last} elements and a multiple of 16 bytes, "
+            f"{name}: expected a page stride >= {PAGE * last} elements and a multiple of 16 bytes, "
             f"got {kv_cache.stride(0)} elements")
 
 

@@ -1,14 +1,15 @@
 """The grouped top-k of wide rows (Caps.group_select) on the GPU: the same winners and scores as
-the wide top-k and the references, through each route of its maxima rows (chunk_final, the wide
-top-k below row_min_rows rows, row_final), with starts, short and empty rows, ties and special
-values, physical slots, and in run_index_topk's overlapped row batches captured in a graph."""
+the wide top-k and the references, through both routes of its maxima rows (chunk_final,
+row_final: one CTA a row at any row count), in position order, with starts, short and empty
+rows, ties and special values (rows of -inf and NaNs past a late start included), physical slots,
+and in run_index_topk's overlapped row batches captured in a graph."""
 import pytest
 import torch
 
 from b12x import indexer as ix
 from b12x.indexer_reference import topk_reference
 
-from .test_indexer_gpu import _gen, check_topk_sets, distinct_logits, key_order_topk, scratch_for
+from .test_indexer_gpu import _gen, check_topk_sets, distinct_logits, scratch_for
 from .test_indexer_row_batches_gpu import _wide_prefill_case, prefill_bindings
 
 pytestmark = pytest.mark.gpu
@@ -44,8 +45,9 @@ def _same(a, b):
 @pytest.mark.parametrize("rows,width", [(5, 40000), (8, 163840), (70, 163840), (3, 262144)])
 @pytest.mark.parametrize("k", (512, 2048))
 def test_grouped_matches_wide_and_the_reference(rows, width, k):
-    """Maxima rows of 5000 (chunk_final), 20480 with 8 rows (the wide top-k) and with 70 rows
-    (row_final), 32768; starts, ends off the group grid, short and empty rows."""
+    """Maxima rows of 5000 (chunk_final), 20480 with 8 and with 70 rows, 32768 (row_final);
+    starts, ends off the group grid, short and empty rows. Winners in position order, their
+    scores the logits' own bits."""
     wide, grouped = _plans(rows, width, k=k, mode="contiguous")
     g = _gen(rows + width + k)
     logits = distinct_logits(rows, width, seed=rows + k)
@@ -61,18 +63,41 @@ def test_grouped_matches_wide_and_the_reference(rows, width, k):
     check_topk_sets(got[0], None, ref_idx)
     for r in range(rows):
         n = int((ref_idx[r] >= 0).sum())
-        torch.testing.assert_close(got[1][r, :n], logits[r, got[0][r, :n].long() + int(starts[r])])
+        won = got[0][r, :n]
+        assert bool((won[1:] > won[:-1]).all()), f"row {r}: winners not in position order"
+        assert torch.equal(got[1][r, :n], logits[r, won.long() + int(starts[r])])
         assert torch.isinf(got[1][r, n:]).all()
     _same(got, _run(wide, logits, k, lengths=ends, starts=starts))
     again = _run(grouped, logits, k, lengths=ends, starts=starts)
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
 
 
-def test_grouped_ties_and_special_values():
+def _key_order(logits: torch.Tensor, k: int, starts: torch.Tensor, ends: torch.Tensor) -> list:
+    """Per row, the row-relative positions of the k largest logits of [start, end) in the
+    kernels' key order (-0.0 below +0.0, positive NaNs above +inf, negative ones below -inf),
+    equal keys by lowest position, ascending (18-bit positions: rows up to 262144 wide)."""
+    bits = logits.contiguous().view(torch.int32).long()
+    key = torch.where(bits < 0, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+    pos = torch.arange(logits.shape[1], device=logits.device)
+    rank = key * (1 << 18) + ((1 << 18) - 1 - pos)
+    out = []
+    for r in range(logits.shape[0]):
+        s, e = int(starts[r]), int(ends[r])
+        valid = (pos >= s) & (pos < e)
+        n = min(k, int(valid.sum()))
+        top = torch.topk(torch.where(valid, rank[r], -1), n).indices if n else pos[:0]
+        out.append(sorted((top - s).tolist()))
+    return out
+
+
+@pytest.mark.parametrize("width", (70000, 262144))
+def test_grouped_ties_and_special_values(width):
     """Rows whose winners tie at the threshold (few distinct scores; every score equal), clustered
-    winners, NaNs of both signs, infinities and signed zeros: the key-order reference's sets, ties
-    to the lowest positions."""
-    rows, width, k = 6, 70000, 2048
+    winners, NaNs of both signs, infinities and signed zeros, and a row of -inf past a late start
+    with fewer finite logits than K and negative NaNs after them: the key-order reference's
+    winners in position order, ties to the lowest positions, scores bit for bit. Maxima rows of
+    8750 (chunk_final) and 32768 (row_final at 6 rows)."""
+    rows, k = 6, 2048
     _, grouped = _plans(rows, width, mode="contiguous")
     g = _gen(5)
     logits = torch.randn(rows, width, device="cuda", generator=g)
@@ -89,12 +114,20 @@ def test_grouped_ties_and_special_values():
     logits[4, p4[:3000]] = 0.0
     logits[4, p4[3000:6000]] = -0.0
     logits[4, p4[6000:6500]] = float("-inf")
+    logits[5] = float("-inf")
+    logits[5, 20003:20006] = 1.0
+    logits[5].view(torch.int32)[40000:40050] = -4194304
     ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
-    want = key_order_topk(logits, k)
-    idx, sc = _run(grouped, logits, k, lengths=ends)
+    starts = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    starts[5] = 20001                                                      # past 8 K: its groups start there
+    want = _key_order(logits, k, starts, ends)
+    idx, sc = _run(grouped, logits, k, lengths=ends, starts=starts)
     for r in range(rows):
-        assert set(idx[r].tolist()) == want[r], f"row {r}: {len(set(idx[r].tolist()) ^ want[r])} differ"
-        torch.testing.assert_close(sc[r], logits[r, idx[r].long()], equal_nan=True)
+        n = len(want[r])
+        assert idx[r, :n].tolist() == want[r], f"row {r}: {len(set(idx[r, :n].tolist()) ^ set(want[r]))} differ"
+        assert (idx[r, n:] == -1).all()
+        got_bits = sc[r, :n].view(torch.int32)
+        assert torch.equal(got_bits, logits[r, idx[r, :n].long() + int(starts[r])].view(torch.int32))
 
 
 def test_grouped_compressed_rows_and_physical_slots():

@@ -78,6 +78,13 @@ def write_winner(mIdx, mScores, mBlockTable, row: Int32, slot: Int32, pos: Int32
 
 
 @cute.jit
+def first_group(start: Int32, end: Int32) -> Int32:
+    """The group of the grouped top-k's maxima row 0: the one that holds `start` (clamped to
+    `end`, so that a caller's start past the row keeps every group's position in range)."""
+    return cutlass.min(start, end) // GROUP
+
+
+@cute.jit
 def row_bounds(mLogits, mStarts, mEnds, mActiveWidth, row: Int32, ratio: Int32, has_starts: Int32,
                has_active_width: Int32):
     """[start, end) of the row's valid positions (entries): end = ends[row] // ratio (ends count
@@ -392,16 +399,19 @@ class TopKStage(RadixSelectMixin):
     def load_groups(self, mLogits, mGroups, row: Int32, start: Int32, end: Int32, k: Int32, sKeys, sPos, sState,
                     tidx: Int32, warp: Int32, lane: Int32):
         """Element i = (group i // GROUP of mGroups[row, 0], entry i % GROUP): the logit at position
-        gid GROUP + i % GROUP, valid where gid >= 0 and the position lies in [start, end). The
-        groups ascend, so elements are in position order and ties go to the lowest positions, as
-        over the whole row. Returns (lo, hi, n_valid); invalid elements get position -1.
-        Branch-free loads from clamped (always valid) positions, all issued before the first use."""
+        (first + gid) GROUP + i % GROUP, first = first_group(start, end) (the ids are of the maxima
+        row, which starts there: group_select.py), valid where gid >= 0 and the position lies in
+        [start, end). The ids ascend (one CTA a row selected them), so elements are in position
+        order and ties go to the lowest positions, as over the whole row. Returns (lo, hi,
+        n_valid); invalid elements get position -1. Branch-free loads from clamped (always valid)
+        positions, all issued before the first use."""
         hi = cutlass.min(k * GROUP, self.capacity)
         if end <= start:
             hi = Int32(0)
         mine = Int32(0)
         if hi > 0:
             gRow = cute.recast_tensor(mLogits[row, None], Uint32)
+            first = first_group(start, end)
             per = self.capacity // self.num_threads
             rBits = cute.make_rmem_tensor((per,), Uint32)
             rPos = cute.make_rmem_tensor((per,), Int32)
@@ -409,7 +419,7 @@ class TopKStage(RadixSelectMixin):
                 i = j * self.num_threads + tidx
                 ic = cutlass.min(i, hi - 1)
                 gid = mGroups[row, 0, ic // GROUP]
-                pos = gid * GROUP + (ic - (ic // GROUP) * GROUP)
+                pos = (first + gid) * GROUP + (ic - (ic // GROUP) * GROUP)
                 ok = i < hi and gid >= 0 and pos >= start and pos < end
                 rPos[j] = pos if ok else Int32(-1)
                 rBits[j] = gRow[cutlass.min(cutlass.max(pos, start), end - 1)]

@@ -30,7 +30,7 @@ def fake_outputs(num_heads: int, d_v: int, rows):
 
 def fake_kv(kv_format: str, d_nope: int, d_rope: int, blocks, page_size: int = PAGE_SIZE):
     """A page-strided cache of the format's record (kv_layout): [blocks, 64, record] u8 for
-    fp8_ds_mla (656 bytes), bf16 for bf16 (576 dims); [blocks, page_bytes] u8 pages of
+    fp8_ds_mla (656 bytes), bf16 for bf16 (d_nope + d_rope dims); [blocks, page_bytes] u8 pages of
     page_size tokens for model1_fp8."""
     rec = kv_record(kv_format, d_nope, d_rope)
     if kv_format == "model1_fp8":

@@ -59,7 +59,8 @@ class AttentionKernel(TilePipelines):
             sQ: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sK_layout)], 1024]
             if const_expr(not self.p_in_rope):
-                # the producer form keeps one P per K stage here when V covers the RoPE block
+                # P beside the K stages: the bf16 forms' one P, or, where V covers the RoPE block,
+                # the producer form's one per stage and the 8-32-head extend's single one
                 sP: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, cute.cosize(sP_layout) * self.p_stages],
                                       1024]
             if const_expr(self.raw_stages > 0):

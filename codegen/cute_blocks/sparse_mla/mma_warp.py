@@ -97,7 +97,7 @@ class WarpMma:
                 )
         self.cta_sync()
 
-        # ---- O += P V over all tile tokens, this warp's 512 / WARPS_N value columns -------
+        # ---- O += P V over all tile tokens, this warp's d_v / WARPS_N value columns -------
         sVt = cute.composition(sKs, cute.make_layout((self.d_v, self.tile_tokens), stride=(self.tile_tokens, 1)))
         # sVt_w starts at a multiple of 64 value columns, i.e. on a swizzle-atom boundary, so it
         # can be partitioned directly; the 16-column chunks are picked from the partitions.
