@@ -143,17 +143,33 @@ def main() -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  deep_gemm: {deepgemm.unavailable_reason() or deepgemm.version()}")
     results = []
+    info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, deep_gemm=deepgemm.version())
+
+    def save():  # after every row: a bench stopped at its time limit keeps the rows it has
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**info, "rows": results}, f, indent=1)
+
     for spec in args.cases.split(","):
         rows, ctx, c = (int(x) for x in spec.split("x"))
         sets = [make_case(rows, ctx, c, g) for _ in range(2)]      # one set of inputs for every variant
         n = sets[0]["n"]
         peer = peer_times(sets, rows, n, args.replays)
         for grouped in variants:
-            r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "group_select": grouped,
-                 **ours_times(sets, rows, n, grouped, args), **peer}
-            r["ratio"] = r["ours_us"] / r["peer_us"] if r["peer_us"] else None
+            routed = grouped and ix.plan(ix.Caps(num_heads=H, topk=K, mode="contiguous", max_rows=rows, max_width=n,
+                                                 group_select=True)).group_route(n)
+            if grouped and not routed:      # rows no wider than one CTA's: the grouped plan runs the same route
+                print(f"{spec}: group_select does not apply at width {n}; skipped", flush=True)
+                continue
+            r = {"rows": rows, "ctx": ctx, "c": c, "width": n, "group_select": grouped, **peer}
+            try:
+                r.update(ours_times(sets, rows, n, grouped, args))
+            except Exception as e:  # report, keep the other variants and cases
+                r.update(ours_us=None, ours_error=f"{type(e).__name__}: {e}")
+            r["ratio"] = r["ours_us"] / r["peer_us"] if r["ours_us"] and r["peer_us"] else None
             results.append(r)
             print(json.dumps(r), flush=True)
+            save()
         del sets
         torch.cuda.empty_cache()
     hdr = (f"{'rows':>5} {'ctx':>8} {'c':>3} {'width':>7} {'grp':>3} | {'N':>4} {'scratch MiB':>11} {'ours us':>9} "
@@ -164,6 +180,10 @@ def main() -> int:
     print("-" * len(hdr))
     for r in results:
         na = f"{'n/a':>9}"
+        if r["ours_us"] is None:
+            print(f"{r['rows']:>5} {r['ctx']:>8} {r['c']:>3} {r['width']:>7} {'on' if r['group_select'] else 'off':>3} | "
+                  f"error: {r['ours_error']}")
+            continue
         pl = f"{r['peer_logits_us']:9.0f}" if r["peer_logits_us"] else na
         pu = f"{r['peer_us']:9.0f}" if r["peer_us"] else na
         pm = f"{r['peer_bytes_mib']:7.0f}" if r["peer_bytes_mib"] else f"{'n/a':>7}"
@@ -172,11 +192,8 @@ def main() -> int:
               f"{r['batch_rows'] or r['logits_rows']:>4} "
               f"{r['scratch_mib']:11.0f} {r['ours_us']:9.0f} {r['ours_logits_us']:8.0f} {r['ours_topk_us']:7.0f} | "
               f"{pl} {pu} {pm} | {ra}")
-    if args.json:
-        with open(args.json, "w") as f:
-            info = run_info(torch.cuda.get_device_name(), torch=torch.__version__, deep_gemm=deepgemm.version())
-            json.dump({**info, "rows": results}, f, indent=1)
-    return 0
+    save()
+    return 0 if all(r["ours_us"] is not None for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -86,15 +86,20 @@ def main() -> int:
             row["ours_bf16_us"] = time_rotated([lambda: sm.run_extend(bb, kv_cache=kv64, sm_scale=SM_SCALE,
                                                                       attn_sink=sink)], replays=10)
             # the two of ours read the same values (model1_fp8 dequantises exactly to bf16): a
-            # column of a wrong kernel is not a timing
-            row["bf16_vs_fp8_max_diff"] = (out_bf16.float() - out.float()).abs().max().item() / out.float().abs().max().item()
-            assert row["bf16_vs_fp8_max_diff"] < 2e-2, row
+            # column of a wrong kernel is not a timing (dropped, the rest of the row kept)
+            diff = (out_bf16.float() - out.float()).abs().max().item() / out.float().abs().max().item()
+            row["bf16_vs_fp8_max_diff"] = diff
+            row["bf16_ok"] = diff < 2e-2
+            if not row["bf16_ok"]:
+                print(f"WARNING: our bf16 extend differs from our model1_fp8 extend by {diff:.2e} of max |out|: "
+                      "its column is dropped", flush=True)
+                row["ours_bf16_us"] = None
             if flashmla.available():
                 fn = flashmla.prefill_v4_bf16(q, ws, both, both_len, SM_SCALE, attn_sink=sink)
                 row["peer_attn_us"] = time_rotated([fn], replays=10)
                 row["peer_total_us"] = row["peer_dequant_us"] + row["peer_attn_us"]
                 row["ratio"] = row["ours_us"] / row["peer_total_us"]
-                row["bf16_ratio"] = row["ours_bf16_us"] / row["peer_attn_us"]
+                row["bf16_ratio"] = row["ours_bf16_us"] / row["peer_attn_us"] if row["ours_bf16_us"] else None
             del sb
             rows_out.append(row)
             print(json.dumps(row), flush=True)

@@ -79,15 +79,19 @@ def plot_extend(data: dict, path: str) -> None:
     sqs = sorted({r["s_q"] for r in rows})
     fig, axes = plt.subplots(1, len(sqs), figsize=(5 * len(sqs), 3.9), squeeze=False)
     axes = axes[0]
+    skvs = sorted({r.get("skv", 131072) for r in rows})
     for ax, s_q in zip(axes, sqs):
-        rs = sorted((r for r in rows if r["s_q"] == s_q), key=lambda r: r["heads"])
-        h = [r["heads"] for r in rs]
-        ax.plot(h, [r["bf16_tflops"] for r in rs], "o-", label="b12x bf16 KV")
-        if any(r.get("fp8_tflops") for r in rs):
-            ax.plot(h, [r.get("fp8_tflops") or float("nan") for r in rs], "^:", label="b12x fp8 KV")
-        if any(r["peer_tflops"] for r in rs):
-            ax.plot(h, [r["peer_tflops"] or float("nan") for r in rs], "s--",
-                    label="FlashMLA bf16 KV (h<64: padded to 64; useful FLOPs)")
+        for i, skv in enumerate(skvs):        # a line per cache size (older runs: one, 131072 tokens)
+            rs = sorted((r for r in rows if r["s_q"] == s_q and r.get("skv", 131072) == skv), key=lambda r: r["heads"])
+            h = [r["heads"] for r in rs]
+            tag = f", {skv // 1024}K cache" if len(skvs) > 1 else ""
+            color = dict(color=f"C{i}")
+            ax.plot(h, [r["bf16_tflops"] for r in rs], "o-", **color, label=f"b12x bf16 KV{tag}")
+            if any(r.get("fp8_tflops") for r in rs):
+                ax.plot(h, [r.get("fp8_tflops") or float("nan") for r in rs], "^:", **color, label=f"b12x fp8 KV{tag}")
+            if any(r["peer_tflops"] for r in rs):
+                ax.plot(h, [r["peer_tflops"] or float("nan") for r in rs], "s--", **color,
+                        label=f"FlashMLA bf16 KV (h<64: padded to 64; useful FLOPs){tag}")
         ax.axhline(BF16_FLOP_PER_S / 1e12, **ROOF, label=f"roofline ({BF16_FLOP_PER_S / 1e12:.0f} TFLOP/s bf16)")
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, BF16_FLOP_PER_S / 1e12 * 1.08)
@@ -202,7 +206,7 @@ def plot_indexer_prefill(data: dict, path: str) -> None:
     torch.topk), with the roofline: the logits' FLOPs at the fp8 tensor rate (2 x the measured
     bf16 rate) or their bytes at 4.3 TB/s (K and q read, the fp32 logits written and read once),
     whichever is longer."""
-    rows = data["rows"]
+    rows = [r for r in data["rows"] if r.get("ours_us") is not None]    # (a failed variant has none)
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     xs = range(len(rows))
     ours = [r["ours_us"] / 1e3 for r in rows]
@@ -220,7 +224,7 @@ def plot_indexer_prefill(data: dict, path: str) -> None:
         if r.get("ratio"):
             ax.annotate(f"{r['ratio']:.2f}x", (x - 0.2, r["ours_us"] / 1e3), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [f"{r['rows']} rows x {r['ctx'] // 1024}K, c {r['c']}\n{r['scratch_mib']:.0f} MiB"
-                             for r in rows], fontsize=8)
+                             + (", grouped" if r.get("group_select") else "") for r in rows], fontsize=8)
     ax.set_ylabel("ms")
     ax.set_yscale("log")
     ax.grid(True, axis="y", which="both", alpha=0.3)

@@ -80,15 +80,18 @@ def indexer_table(data: dict) -> str:
 
 def indexer_prefill_table(data: dict) -> str:
     out = []
-    for r in sorted(data["rows"], key=lambda r: (r["rows"], r["ctx"])):
+    for r in sorted(data["rows"], key=lambda r: (r["rows"], r["ctx"], bool(r.get("group_select")))):
+        if r.get("ours_us") is None:                      # a variant that failed (its error in the JSON)
+            continue
         peer = r.get("peer_us")
         n = r.get("batch_rows") or r["logits_rows"]       # rows a batch (older runs: the region's)
-        out.append([str(r["rows"]), str(r["ctx"]), str(r["c"]), str(r["width"]), str(n),
+        out.append([str(r["rows"]), str(r["ctx"]), str(r["c"]), str(r["width"]),
+                    "grouped" if r.get("group_select") else "wide", str(n),
                     _f(r["scratch_mib"], ".0f"), _f(r["ours_logits_us"] / 1e3, ".2f"), _f(r["ours_topk_us"] / 1e3, ".2f"),
                     _f(r["ours_us"] / 1e3, ".2f"), _f(r.get("peer_logits_us") and r["peer_logits_us"] / 1e3, ".2f"),
                     _f(peer and peer / 1e3, ".2f"), _f(r.get("peer_bytes_mib"), ".0f"),
                     _f(r["ours_us"] / peer if peer else None, ".2f")])
-    return _table(["rows", "context", "c", "entries", "N", "ours scratch MiB", "ours logits ms", "ours top-k ms",
+    return _table(["rows", "context", "c", "entries", "top-k", "N", "ours scratch MiB", "ours logits ms", "ours top-k ms",
                    "ours ms", "DeepGEMM logits ms", "DG + torch.topk ms", "DG logits MiB", "ratio"], out)
 
 
