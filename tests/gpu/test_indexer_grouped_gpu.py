@@ -146,7 +146,9 @@ def test_grouped_compressed_rows_and_physical_slots():
     got = _run(grouped, logits, 2048, **kw)
     ref_idx, _ = topk_reference(logits, 2048, lengths, compress_ratio=c, active_width=int(active), block_table=bt,
                                 num_blocks=8192)
-    check_topk_sets(got[0], None, ref_idx)
+    # a winner on the page outside the cache is -1 where it ranks (a hole, not the tail): the
+    # rows compared as sorted multisets, -1 entries included
+    assert torch.equal(got[0].sort(dim=1).values, ref_idx.sort(dim=1).values)
     _same(got, _run(wide, logits, 2048, **kw))
 
 
