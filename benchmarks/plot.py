@@ -100,9 +100,12 @@ def plot_extend(data: dict, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("TFLOP/s (useful)")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(labels))
+    ncol = 3 if len(labels) > 4 else len(labels)
+    legend_rows = -(-len(labels) // ncol)
+    fig.set_figheight(3.9 + 0.25 * legend_rows)
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=ncol)
     fig.suptitle(title(data, "sparse MLA extend"))
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 * legend_rows, 1, 1))
     fig.savefig(path, dpi=110)
 
 
