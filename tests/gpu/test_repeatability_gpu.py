@@ -94,8 +94,9 @@ def test_v4_64_head_blocks_repeat_bit_for_bit(heads, mode, rows, side_work):
 @pytest.mark.parametrize("heads", (64, 128))
 @pytest.mark.parametrize("mode,rows", (("extend", 3), ("extend", 300), ("decode", 3), ("decode", 300)))
 def test_v4_dims_bf16_64_head_blocks_repeat_bit_for_bit(heads, mode, rows, side_work):
-    """bf16 KV at DeepSeek-V4's dims (V over the RoPE block, so P has its own buffer): the staged
-    epilogue of these kernels is what racecheck reported (docs/notes/sanitizers.md)."""
+    """bf16 KV at DeepSeek-V4's dims (V over the RoPE block). racecheck reports RAW hazards on the
+    64-head extend's staged out tile, the arrive / sync pattern it misreads in every role form
+    (docs/notes/sanitizers.md); this runs that seam under varied timings instead."""
     g = torch.Generator(device="cuda").manual_seed(heads + rows + 1)
     kv = torch.randn(48, 64, V4_DIM, device="cuda", generator=g).bfloat16()
     q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
