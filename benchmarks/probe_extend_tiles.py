@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,13 +27,6 @@ from benchmarks.timing import time_rotated  # noqa: E402
 
 SKV = 32768
 SETS = 2
-
-
-def fit(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
 
 
 def main() -> int:
@@ -79,7 +73,7 @@ def main() -> int:
             rs = [r for r in results if r["heads"] == heads and r["format"] == fmt]
             if len(rs) < 2:
                 continue
-            a, b = fit([r["tiles"] for r in rs], [r["wave_us"] for r in rs])
+            b, a = np.polyfit([r["tiles"] for r in rs], [r["wave_us"] for r in rs], 1)
             by_len = {r["length"]: r["wave_us"] for r in rs}
             cells = " ".join(f"{by_len[x]:8.2f}" if x in by_len else f"{'':>8}" for x in lengths)
             print(f"{heads:>4} {fmt:>11} | {cells} | {a:5.2f}  {b:6.3f}")

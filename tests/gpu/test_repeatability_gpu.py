@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from b12x.attention import sparse_mla as sm
-from b12x.reference import V4_DIM, quantize_model1_fp8, sparse_mla_v4_reference
+from b12x.reference import V4_DIM, quantize_model1_fp8
 from .sparse_mla_cases import check, random_case
+from .test_sparse_mla_v4_bf16_gpu import check as check_v4_bf16
 
 pytestmark = pytest.mark.gpu
 
@@ -110,6 +111,5 @@ def test_v4_dims_bf16_64_head_blocks_repeat_bit_for_bit(heads, mode, rows, side_
     b = p.bind(scratch, q=q, indices=idx, lengths=lens, out=out, lse=lse)
     run = sm.run_extend if mode == "extend" else sm.run_decode
     bad, first = replay_and_compare(lambda: run(b, kv_cache=kv, sm_scale=V4_DIM ** -0.5), (out, lse), side_work)
-    ref, ref_lse = sparse_mla_v4_reference(q, kv, idx, lens, V4_DIM ** -0.5)
-    torch.testing.assert_close(first[0].float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    check_v4_bf16(q, kv, idx, lens, *first)
     assert bad == 0, f"{bad} of {REPLAYS} replays differ from the first"
