@@ -25,13 +25,16 @@ MAX_SPLITS = 32
 # sm_90a (mode, heads, kv_format) whose 16/32-head blocks run wgmma with the heads as N, so that
 # 16 or 32 heads fill the wgmma N dimension instead of padding M to 64 (which doubles the tensor
 # work and left the mma.sync kernels issue- and latency-bound). Fewer than 64 heads not listed
-# run one 64-head block whose rows past the heads stay empty: fp8 extend at 32 heads, where the
-# dequant then runs in the producer warpgroup beside the MMAs instead of in the MMA warps; the
-# empty MMA rows cost less than the dequant they move off the MMA warps. Decode splits at 32
-# heads stay heads-as-N: faster at small batches than the 64-head form (docs/notes/mma-forms.md,
+# run one 64-head block whose rows past the heads stay empty (docs/notes/mma-forms.md,
 # docs/notes/launch-and-splits.md).
 HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (8, 16, 32)
-              for fmt in ("fp8_ds_mla", "bf16")} - {("extend", 32, "fp8_ds_mla")}
+              for fmt in ("fp8_ds_mla", "bf16")}
+# Heads-as-N fp8 blocks in the producer form: two producer warpgroups gather and dequantise each
+# tile into one of two K stages while one MMA warpgroup runs S^T, the softmax and all of O^T (one
+# CTA an SM). fp8 extend at 32 heads, where it replaced a 64-head producer block with 32 empty
+# rows (6-13% faster; decode's one-split calls at 32 heads run it too). At 8 and 16 heads the
+# register form's two CTAs an SM stay 2-9% faster (docs/notes/mma-forms.md).
+HEADS_N_PRODUCER = {("extend", 32, "fp8_ds_mla")}
 # model1_fp8 (DeepSeek-V4): 8 and 16 heads in the register form (heads as N); 32 heads run one
 # 64-head producer block (its raw shared-memory form is not built for model1 pages).
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
@@ -49,9 +52,10 @@ FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 #    k = 2 / 3 / 4.
 REGISTER_SM_SHARE = (0.25, 0.005)
 WARP_GROUP_SM_SHARE = (2.0, 0.001)
-# fp8 decode at 32 heads: one-split calls run the whole-row kernel, the 64-head producer form,
-# whose tile costs ~0.7-0.8 of the split form's (heads as N, raw stages): split_plan counts the
-# one-split option at this factor (96 rows: 1 split 87.4 us against 4 splits 99.2; 160 rows:
+# fp8 decode at 32 heads: one-split calls run the whole-row kernel, the producer form (a 64-head
+# block until the heads-as-N producer replaced it, HEADS_N_PRODUCER), whose tile costs ~0.7-0.8 of
+# the split form's (heads as N, raw stages): split_plan counts the one-split option at this
+# factor (fitted on the 64-head block: 96 rows: 1 split 87.4 us against 4 splits 99.2; 160 rows:
 # 4 splits 159.4 against 170.6 at 1, which a factor under 0.75 would get wrong).
 PRODUCER_WHOLE_ROW_COST = 0.8
 # bf16 decode at 8/16/32 heads (heads as N, one CTA an SM, bound by HBM): where the rows alone
@@ -117,10 +121,12 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                  value dims of O^T.
     fp8_regs:    fp8 at 16 heads as N, and the producer form: records go global -> registers,
                  fp16 MMA operands.
-    producer:    sm_90a, fp8, 64-head blocks (decode and extend): a producer warpgroup loads
-                 records into registers and dequantises them (fp16) into two K stages, while
-                 the warps_m x warps_n MMA warps run S, the softmax and O; P lives in each
-                 stage's RoPE block so Q + two stages fit.
+    producer:    sm_90a, fp8, 64-head blocks (decode and extend) and the heads-as-N blocks of
+                 HEADS_N_PRODUCER: producer warpgroups (producer_warpgroups: one beside a 64-head
+                 block's two MMA warpgroups, two beside the one of the heads as N) load records
+                 into registers and dequantise them (fp16) into two K stages, while the MMA warps
+                 run S, the softmax and O; P lives in each stage's RoPE block so Q + two stages
+                 fit.
     p_in_rope:   P lives in the K stage's RoPE block (bf16 extend at 8-32 heads as N; producer),
                  unless V reaches into it (v_in_rope: DeepSeek-V4's V is all of K).
     p_stages:    P buffers beside the K stages: the producer form's one per stage when P cannot
@@ -159,14 +165,17 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # gathers while the other multiplies. Decode keeps two stages: one stage measured
                 # slower for its rows (docs/notes/extend.md).
                 stages = 1
-            if fp8 and head_block <= 16:
+            if fp8 and (mode, num_heads, kv_format) in HEADS_N_PRODUCER:
+                # the producer form (below) with one MMA warpgroup
+                warps_n, raw_stages = 1, 0
+            elif fp8 and head_block <= 16:
                 # records go global -> registers while the tile before is multiplied (no raw
                 # smem), one warpgroup, one K stage: 95 KB, so two CTAs share an SM and each fills
                 # the other's serial chain. 32 heads do not fit it (128 O^T accumulators + the
                 # record registers > 255), and with two stages they measured slower than raw
                 # shared-memory stages.
                 warps_n, stages, raw_stages = 1, 1, 0
-        producer = fp8 and head_block == 64 and PRODUCER_ENABLED
+        producer = fp8 and PRODUCER_ENABLED and (head_block == 64 or (heads_as_n and (mode, num_heads, kv_format) in HEADS_N_PRODUCER))
         if producer:
             # a producer warpgroup dequantises tile t+1 while the MMA warps run tile t; without
             # it the dequant sits on the critical path between S, the softmax and P V of a tile
@@ -184,6 +193,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     # Hopper warpgroup MMA: 64-head blocks (warps_m = 4 warps = one warpgroup along heads,
     # warps_n = 2 warpgroups along tokens / value columns), or 16/32 heads as N.
     fp8_regs = (heads_as_n and fp8 and raw_stages == 0) or producer
+    producer_warpgroups = 2 if producer and heads_as_n else 1
     # (V4: V covers the RoPE block, so P cannot live there: the producer form keeps one P per
     # stage beside the stages, the bf16 extend at 8-32 heads one P beside its stage)
     p_in_rope = ((heads_as_n and not fp8 and stages == 1) or producer) and not v_in_rope
@@ -209,11 +219,14 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
         "tile_tokens": tile_tokens,
         "warps_m": warps_m,
         "warps_n": warps_n,
-        "num_threads": 32 * warps_m * warps_n + (128 if producer else 0),
+        "num_threads": 32 * warps_m * warps_n + (128 * producer_warpgroups if producer else 0),
+        # warpgroups of the producer form that gather and dequantise: two beside the one MMA
+        # warpgroup of the heads as N, one beside the two of a 64-head block
+        "producer_warpgroups": producer_warpgroups,
         "stages": stages,
         "raw_stages": raw_stages,
         "ctas_per_sm": ctas_per_sm,
-        "sm_share": REGISTER_SM_SHARE if fp8_regs and heads_as_n and kv_format == "fp8_ds_mla" else None,
+        "sm_share": REGISTER_SM_SHARE if fp8_regs and heads_as_n and not producer and kv_format == "fp8_ds_mla" else None,
         "smem_bytes_estimate": smem,
         "wgmma": wgmma,
         "heads_as_n": heads_as_n,

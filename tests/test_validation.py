@@ -182,7 +182,7 @@ def test_register_form_plans_by_the_share_of_its_busiest_sm():
 
 
 def test_fp8_32_heads_counts_the_faster_whole_row_form():
-    """fp8 at 32 heads: one split runs the whole-row kernel in the 64-head producer form, whose tile
+    """fp8 at 32 heads: one split runs the whole-row kernel in the producer form, whose tile
     costs less than the split form's (PRODUCER_WHOLE_ROW_COST); measured at 89-99 rows (1 split
     87 µs against 98-100 at 4) and 184-216 (171-173 against 177-208). Other plans count it at 1."""
     p = sm.plan(sm.Caps(num_heads=32, topk=2048, max_rows=256, arch="sm_90a", num_sms=132))
@@ -257,7 +257,7 @@ def test_extend_plan_and_routing():
 
 @pytest.mark.parametrize("heads,fmt,whole_row", [
     (128, "fp8_ds_mla", True), (64, "bf16", True), (16, "fp8_ds_mla", True),
-    (32, "fp8_ds_mla", True),    # extend runs the 64-head producer form: faster for whole rows
+    (32, "fp8_ds_mla", True),    # extend runs the producer form: faster for whole rows
     (32, "bf16", False), (16, "bf16", False),   # extend tiles bf16 at 16/32 heads differently
 ])
 def test_which_decode_plans_hand_one_split_rows_to_the_extend_kernel(heads, fmt, whole_row):

@@ -97,7 +97,7 @@ def split_plan(rows: int, width: int, num_sms: int, head_blocks: int, ctas_per_s
     with k the CTAs the busiest SM holds (ceil(CTAs / num_sms)): the CTAs' fixed parts overlap
     within a wave, the SM's throughput grows little with a second CTA (c small) or steadily up to
     four (c = 2). More waves count as above. whole_row_cost scales the one-split option's tiles
-    where one split runs a faster form than the splits (fp8 at 32 heads: the 64-head producer,
+    where one split runs a faster form than the splits (fp8 at 32 heads: the producer form,
     codegen.tiling.PRODUCER_WHOLE_ROW_COST), or where its one wave of fewer CTAs shares HBM among
     fewer than the splits' full waves (bf16 at 8-32 heads, HEADS_N_BF16_WHOLE_ROW_COST). Ties go
     to fewer splits."""
@@ -222,12 +222,12 @@ def plan(caps: Caps) -> SparseMLAPlan:
     sms = caps.num_sms or device_num_sms()
     tile = spec.tiling()
     # decode may hand one-split calls to the extend kernel where extend runs the same tile loop,
-    # or the 64-head producer form (fp8 at 32 heads: faster for whole rows than decode's tiles)
+    # or the producer form (fp8 at 32 heads: faster for whole rows than decode's tiles)
     ext_tile = replace(spec, mode="extend").tiling()
     whole_row = caps.mode == "decode" and (ext_tile == tile or ext_tile["producer"])
     head_block, ctas_per_sm = int(tile["head_block"]), int(tile["ctas_per_sm"])
     share = tile["sm_share"]
-    # one split runs a faster form than the splits (the 64-head producer: fp8 at 32 heads), or the
+    # one split runs a faster form than the splits (the producer form: fp8 at 32 heads), or the
     # same HBM-bound form on fewer CTAs than the splits' waves (bf16 heads as N)
     if whole_row and ext_tile["producer"] and not tile["producer"]:
         whole_cost = PRODUCER_WHOLE_ROW_COST

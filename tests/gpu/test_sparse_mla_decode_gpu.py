@@ -68,8 +68,8 @@ def test_both_combine_kernels(kv_format, heads, num_sms):
 def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
     """When the rows alone fill the GPU (here: a plan for one SM) a row gets one split, and
     decode runs the extend kernel, which writes out, lse and the sink itself (where extend runs
-    the same tile loop or the 64-head producer form, as fp8 at 32 heads does with half of its
-    rows empty; bf16 at 16/32 heads keeps split + combine)."""
+    the same tile loop or the producer form, as fp8 at 32 heads does; bf16 at 16/32 heads keeps
+    split + combine)."""
     assert sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_batched=4, num_sms=1)).splits(4, 1024)[0] == 1
     case = random_case(4, heads, 1024, kv_format, seed=21)
     case.lengths[1] = 0

@@ -36,7 +36,7 @@ def test_row_counts(kv_format, rows):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("heads", (8, 16, 32, 128))   # 32: fp8 runs a 64-head block with 32 rows empty
+@pytest.mark.parametrize("heads", (8, 16, 32, 128))   # 32: fp8 runs the heads-as-N producer form
 def test_edge_cases_sink_and_base2(kv_format, heads):
     case = random_case(6, heads, 512, kv_format, seed=3, invalid_frac=0.3)
     case.lengths[1] = 0

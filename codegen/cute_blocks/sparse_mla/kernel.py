@@ -25,6 +25,17 @@ from .pipelines import TilePipelines
 PRODUCER_REGS = 152
 S_WG_REGS = 192
 V_WG_REGS = 160
+# The heads as N with producers: the one MMA warpgroup holds all of O^T (d_v x heads / 128: up to
+# 128 at 32 heads) and S^T; each of the two producer warpgroups half a tile of records.
+HEADS_N_MMA_REGS = 240
+HEADS_N_PRODUCER_REGS = 128
+
+
+def role_registers(heads_as_n: bool) -> tuple:
+    """setmaxnreg of each warpgroup of the producer form, MMA warpgroups first."""
+    if heads_as_n:
+        return (HEADS_N_MMA_REGS, HEADS_N_PRODUCER_REGS, HEADS_N_PRODUCER_REGS)
+    return (S_WG_REGS, V_WG_REGS, PRODUCER_REGS)
 
 
 class AttentionKernel(TilePipelines):
@@ -244,13 +255,22 @@ class AttentionKernel(TilePipelines):
     @cute.jit
     def split_roles(self, mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, attend_args):
         """A role per warpgroup, fixed at trace time so that no accumulator crosses a branch:
-        warpgroup 0 attends with S and the softmax, warpgroup 1 with P V only, and in the
-        producer form the last warpgroup gathers and dequantises (produce_tiles). One
-        shared-memory allocation serves every role (one per branch would be summed); setmaxnreg
-        gives the producer's registers to the MMA warps."""
+        warpgroup 0 attends with S and the softmax, warpgroup 1 with P V only (s_one_warpgroup),
+        and in the producer form the warpgroups past the MMA warps gather and dequantise
+        (produce_tiles); with the heads as N one MMA warpgroup runs the whole tile beside two
+        producers. One shared-memory allocation serves every role (one per branch would be
+        summed); setmaxnreg gives the producers' registers to the MMA warps."""
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if const_expr(self.producer):
+        if const_expr(self.producer and self.heads_as_n):
+            # one MMA warpgroup (S^T, the softmax, O^T), the rest producers
+            if warp >= self.mma_threads // 32:
+                cute.arch.setmaxregister_decrease(HEADS_N_PRODUCER_REGS)
+                self.produce_tiles(mKV, mIdx, mLen, tokens_per_split, sK_layout, storage)
+            else:
+                cute.arch.setmaxregister_increase(HEADS_N_MMA_REGS)
+                self.attend(*attend_args, SharedStorage, storage)
+        elif const_expr(self.producer):
             if warp >= self.mma_threads // 32:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGS)
                 self.produce_tiles(mKV, mIdx, mLen, tokens_per_split, sK_layout, storage)
@@ -266,6 +286,13 @@ class AttentionKernel(TilePipelines):
             else:
                 self.attend(*attend_args, SharedStorage, storage, role=0)
 
+    def launch_bound(self) -> dict:
+        """The heads-as-N producer form launches with a bound of one CTA an SM: without it ptxas
+        cannot tell the register count at entry and ignores every setmaxnreg (C7508)."""
+        if self.producer and self.heads_as_n:
+            return {"min_blocks_per_mp": 1, "preferred_smem_carveout": 100}
+        return {}
+
     @cute.jit
     def mma_sync(self):
         """Barrier over the MMA warps: every thread, unless a producer warpgroup runs apart."""
@@ -276,10 +303,12 @@ class AttentionKernel(TilePipelines):
 
     @cute.jit
     def cta_sync(self):
-        """Barrier over every thread. Where the warpgroups run role code of their own
-        (s_one_warpgroup) they meet there from different instructions: the unaligned form
-        (barriers.py)."""
-        if const_expr(self.s_one_warpgroup):
+        """Barrier over every thread (over the MMA warps where producers run apart). Where the
+        warpgroups run role code of their own (s_one_warpgroup) they meet there from different
+        instructions: the unaligned form (barriers.py)."""
+        if const_expr(self.producer):
+            named_sync(BAR_MMA, self.mma_threads)
+        elif const_expr(self.s_one_warpgroup):
             named_sync(0, self.num_threads)
         else:
             cute.arch.sync_threads()
@@ -382,7 +411,7 @@ class SplitKernel(AttentionKernel):
         self.kernel(
             mQ, mKV, mIdx, mLen, mPartO, mPartLse, sm_scale_log2, tokens_per_split,
             sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True, **self.launch_bound())
 
     @cute.kernel
     def kernel(
@@ -409,7 +438,7 @@ class SplitKernel(AttentionKernel):
         # let the combine grid (a programmatic dependent) be scheduled as soon as every split CTA
         # has started; it waits for this grid's end before reading the partials
         cute.arch.griddepcontrol_launch_dependents()
-        if const_expr(self.s_one_warpgroup):
+        if const_expr(self.s_one_warpgroup or self.producer):
             self.split_roles(mKV, mIdx, mLen, tokens_per_split, sK_layout, SharedStorage, (
                 mQ, mKV, mIdx, mLen, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
                 sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
@@ -447,7 +476,7 @@ class ExtendKernel(AttentionKernel):
         self.kernel(
             mQ, mKV, mIdx, mLen, mO, mLse, mSink, mNumRows, sm_scale_log2, has_sink, lse_natural,
             has_num_rows, sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True, **self.launch_bound())
 
     @cute.kernel
     def kernel(
@@ -480,7 +509,7 @@ class ExtendKernel(AttentionKernel):
         if has_num_rows != 0:
             live_rows = mNumRows[0]
         if row < live_rows:        # capacity grid: rows past the live count exit at once
-            if const_expr(self.s_one_warpgroup):
+            if const_expr(self.s_one_warpgroup or self.producer):
                 self.split_roles(mKV, mIdx, mLen, self.row_width(mIdx), sK_layout, SharedStorage, (
                     mQ, mKV, mIdx, mLen, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
                     sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,

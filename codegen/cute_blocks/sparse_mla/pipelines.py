@@ -24,10 +24,11 @@ class TilePipelines:
 
     @cute.jit
     def run_tiles_producer(self, cta, smem, rows, gather, mma, acc, role: cutlass.Constexpr = None):
-        """fp8, 64-head blocks, the MMA warps beside a producer warpgroup (Fp8Producer.produce_tiles):
-        each tile as the producer hands over its K stage (FULL), the stage given back (EMPTY)
-        once its P V is done. role: this MMA warpgroup (S_ONE_WARPGROUP)."""
-        tidx, _, _, lane, q_thr_copy = cta
+        """fp8, the MMA warps beside producer warpgroups (ProducerPipeline.produce_tiles): each
+        tile as the producers hand over its K stage (FULL), the stage given back (EMPTY) once
+        its P V is done. 64-head blocks: role is this MMA warpgroup (S_ONE_WARPGROUP); heads as N:
+        one MMA warpgroup runs the whole tile."""
+        tidx, _, wn, lane, q_thr_copy = cta
         storage, sQ_layout, sQ, sK, sP, sBias, sRed, sMax, _ = smem
         n_tiles = rows[4]
         thr_mma = mma[2]
@@ -44,11 +45,19 @@ class TilePipelines:
         for t in cutlass.range(n_tiles, unroll=1):
             stage = t % self.stages
             named_sync(BAR_FULL + stage, self.num_threads)
-            acc_S = None
-            if const_expr(role == 0):
-                acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
-            self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
-                              stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
+            if const_expr(self.heads_as_n):
+                acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], wn)
+                self.compute_tile_wg(
+                    thr_mma, sKs=sK[None, None, stage], sP=sP[None, None, stage], sBias=sBias, sRed=sRed,
+                    stage=stage, wn=wn, lane=lane, acc_S=acc_S, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                    sm_scale_log2=sm_scale_log2,
+                )
+            else:
+                acc_S = None
+                if const_expr(role == 0):
+                    acc_S = self.issue_s_wg(thr_mma, sQ, sK[None, None, stage], 0)
+                self.tile_by_role(role, thr_mma, sK[None, None, stage], sP[None, None, stage], sBias, sRed, sMax,
+                                  stage, lane, acc_S, acc_O, row_max, row_sum, sm_scale_log2)
             if t + self.stages < n_tiles:            # the producer fills tile t + STAGES there
                 named_arrive(BAR_EMPTY + stage, self.num_threads)
 

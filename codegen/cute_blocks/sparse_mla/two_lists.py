@@ -122,7 +122,7 @@ class TwoListsSplitKernel(SplitKernel):
         self.kernel(
             mQ, mKV, mIdx, mLen, mKVx, mIdxX, mLenX, mPartO, mPartLse, sm_scale_log2, tokens_per_split,
             sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True, **self.launch_bound())
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mKVx: cute.Tensor,
@@ -134,7 +134,7 @@ class TwoListsSplitKernel(SplitKernel):
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
         lists = ((mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX))
-        if const_expr(self.s_one_warpgroup):
+        if const_expr(self.s_one_warpgroup or self.producer):
             self.split_roles(*lists, tokens_per_split, sK_layout, SharedStorage, (
                 mQ, *lists, (mPartO, mPartLse, tokens_per_split), sm_scale_log2,
                 sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
@@ -175,7 +175,7 @@ class TwoListsExtendKernel(ExtendKernel):
         self.kernel(
             mQ, mKV, mIdx, mLen, mKVx, mIdxX, mLenX, mO, mLse, mSink, mNumRows, sm_scale_log2, has_sink,
             lse_natural, has_num_rows, sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True, **self.launch_bound())
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, mKVx: cute.Tensor,
@@ -192,7 +192,7 @@ class TwoListsExtendKernel(ExtendKernel):
             live_rows = mNumRows[0]
         if row < live_rows:
             lists = ((mKV, mKVx), (mIdx, mIdxX), (mLen, mLenX))
-            if const_expr(self.s_one_warpgroup):
+            if const_expr(self.s_one_warpgroup or self.producer):
                 self.split_roles(*lists, self.row_width(lists[1]), sK_layout, SharedStorage, (
                     mQ, *lists, (mO, mLse, mSink, has_sink, lse_natural), sm_scale_log2,
                     sQ_layout, sK_layout, sP_layout, tiled_mma_s, tiled_mma,
