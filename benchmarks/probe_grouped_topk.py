@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from b12x import indexer as ix  # noqa: E402
+from b12x import indexer_topk as tk  # noqa: E402
 from benchmarks.probe_topk import logits_like  # noqa: E402
 from benchmarks.timing import time_rotated  # noqa: E402
 
@@ -63,7 +64,7 @@ def main() -> int:
         wide, grouped = min(t[False]), min(t[True])
         # the grouped path's parts, each as run_topk launches it
         p, bs = plans[True], binds[True]
-        fns = [ix._group_topk_steps(b, p.kernels("topk"), b.num_blocks) for b in bs]
+        fns = [tk.group_topk_steps(b, p.kernels("topk"), b.num_blocks) for b in bs]
         tm = [time_rotated([f[j] for f in fns]) for j in range(3)]
         print(f"{rows:5d} {width:7d} | {wide:8.1f} {grouped:8.1f} {grouped / wide:6.2f} | {tm[0]:6.1f} {tm[1]:6.1f}"
               f" {tm[2]:6.1f} | {'same winners and scores' if same else 'DIFFERENT'}", flush=True)

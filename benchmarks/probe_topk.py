@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from b12x import indexer as ix  # noqa: E402
+from b12x import indexer_topk as tk  # noqa: E402
 from benchmarks.timing import time_rotated  # noqa: E402
 
 
@@ -52,14 +53,14 @@ def main() -> None:
         kernels = p.kernels("topk")
         t = p.tiling
         tpc = p.wide_tiles_per_cta(rows, width)
-        hist = ix._wide_args(binds[0])[0]                         # shared by every binding (one scratch)
+        hist = tk.wide_args(binds[0])[0]                         # shared by every binding (one scratch)
         full = time_rotated([lambda b=b: ix.run_topk(b) for b in binds])
         memset = time_rotated([lambda: hist.zero_() for _ in binds])
         # the chunk kernel needs the memset in front of it; the tie pass only reads its outputs
 
         ix.run_topk(binds[0])
         torch.cuda.synchronize()
-        chunk_ms = time_rotated([lambda b=b: (hist.zero_(), _wide_call(b, kernels, ix._wide_chunk_entry(b)))
+        chunk_ms = time_rotated([lambda b=b: (hist.zero_(), _wide_call(b, kernels, tk.wide_chunk_entry(b)))
                                  for b in binds])
         ties = time_rotated([lambda b=b: _wide_call(b, kernels, "wide_ties") for b in binds])
         tt = time_rotated([lambda lg=lg: torch.topk(lg, 2048, dim=-1) for lg in sets])
@@ -76,7 +77,7 @@ def main() -> None:
 
 def _wide_call(b, kernels, which):
     """One launch of the wide path with the arguments run_topk would pass."""
-    _, args = ix._wide_args(b)
+    _, args = tk.wide_args(b)
     kernels[which](*args)
 
 

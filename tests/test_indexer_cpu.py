@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from b12x import indexer as ix
+from b12x import indexer_topk as tk
 from b12x.errors import InputError
 from b12x.indexer_reference import (dequantize_k_pages, indexer_logits_contiguous_reference,
                                     indexer_logits_paged_reference, quantize_k_pages, quantize_q, topk_reference)
@@ -205,7 +206,7 @@ def test_wide_topk_arguments_are_views_of_scratch():
     p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=3, max_width=50000, arch="sm_90a", num_sms=132))
     s = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
     b = ix.bind(p, scratch=s, lengths=torch.full((3,), 50000, dtype=torch.int32), width=50000)
-    hist, args = ix._wide_args(b)
+    hist, args = tk.wide_args(b)
     lo, hi = s.data_ptr(), s.data_ptr() + s.numel()
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     assert args[5] is hist and hist.shape == (3, (1 << p.tiling["wide_bits"]) + 4)
