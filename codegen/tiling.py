@@ -143,6 +143,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     producer = False
     # Hopper wgmma with the heads as N for the listed 16/32-head cases (see HEADS_AS_N)
     heads_as_n = arch == "sm_90a" and (mode, num_heads, kv_format) in HEADS_AS_N
+    heads_n_producer = heads_as_n and (mode, num_heads, kv_format) in HEADS_N_PRODUCER
     if arch == "sm_90a":
         # 227 KB of smem: Q for up to 64 heads plus the KV tiles; a 64-head block unless the
         # heads are the N dimension
@@ -165,7 +166,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # gathers while the other multiplies. Decode keeps two stages: one stage measured
                 # slower for its rows (docs/notes/extend.md).
                 stages = 1
-            if fp8 and (mode, num_heads, kv_format) in HEADS_N_PRODUCER:
+            if heads_n_producer:
                 # the producer form (below) with one MMA warpgroup
                 warps_n, raw_stages = 1, 0
             elif fp8 and head_block <= 16:
@@ -175,7 +176,7 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
                 # record registers > 255), and with two stages they measured slower than raw
                 # shared-memory stages.
                 warps_n, stages, raw_stages = 1, 1, 0
-        producer = fp8 and PRODUCER_ENABLED and (head_block == 64 or (heads_as_n and (mode, num_heads, kv_format) in HEADS_N_PRODUCER))
+        producer = fp8 and PRODUCER_ENABLED and (head_block == 64 or heads_n_producer)
         if producer:
             # a producer warpgroup dequantises tile t+1 while the MMA warps run tile t; without
             # it the dequant sits on the critical path between S, the softmax and P V of a tile

@@ -307,7 +307,7 @@ class AttentionKernel(TilePipelines):
         warpgroups run role code of their own (s_one_warpgroup) they meet there from different
         instructions: the unaligned form (barriers.py)."""
         if const_expr(self.producer):
-            named_sync(BAR_MMA, self.mma_threads)
+            self.mma_sync()
         elif const_expr(self.s_one_warpgroup):
             named_sync(0, self.num_threads)
         else:
