@@ -31,13 +31,16 @@ HEADS_AS_N = {(mode, heads, fmt) for mode in ("decode", "extend") for heads in (
               for fmt in ("fp8_ds_mla", "bf16")}
 # Heads-as-N fp8 blocks in the producer form: two producer warpgroups gather and dequantise each
 # tile into one of two K stages while one MMA warpgroup runs S^T, the softmax and all of O^T (one
-# CTA an SM). fp8 extend at 32 heads, where it replaced a 64-head producer block with 32 empty
-# rows (6-13% faster; decode's one-split calls at 32 heads run it too). At 8 and 16 heads the
-# register form's two CTAs an SM stay 2-9% faster (docs/notes/mma-forms.md).
-HEADS_N_PRODUCER = {("extend", 32, "fp8_ds_mla")}
-# model1_fp8 (DeepSeek-V4): 8 and 16 heads in the register form (heads as N); 32 heads run one
-# 64-head producer block (its raw shared-memory form is not built for model1 pages).
+# CTA an SM). Extend at 32 heads over both fp8 formats, where it replaced a 64-head producer block
+# with 32 empty rows (fp8_ds_mla 5-12% faster, model1_fp8 14-16%; decode's one-split calls at 32
+# heads run it too). At 8 and 16 heads the register form's two CTAs an SM stay 2-9% faster
+# (docs/notes/mma-forms.md).
+HEADS_N_PRODUCER = {("extend", 32, fmt) for fmt in ("fp8_ds_mla", "model1_fp8")}
+# model1_fp8 (DeepSeek-V4): 8 and 16 heads in the register form (heads as N); decode at 32 heads
+# splits in one 64-head producer block (the heads-as-N split form's raw shared-memory stages are
+# not built for model1 pages), extend at 32 heads runs the heads-as-N producer form above.
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
+HEADS_AS_N |= {("extend", 32, "model1_fp8")}
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 # Split planning by the share of the busiest SM (b12x.attention.sparse_mla.split_plan, sm_share):
 # forms whose resident CTAs share one SM's throughput. A tile of a single wave that leaves the

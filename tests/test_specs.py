@@ -156,23 +156,27 @@ def test_spec_names_are_unique_across_head_dim_sets():
 
 
 def test_fp8_extend_at_32_heads_runs_the_heads_as_n_beside_two_producers():
-    """fp8_ds_mla extend at 32 heads: one MMA warpgroup with the heads as N beside two producer
-    warpgroups (384 threads, one CTA an SM, the roles' setmaxnreg within the launch's pool).
-    8 and 16 heads keep the register form (two CTAs an SM, no producer), decode at 32 heads its
-    split form, and model1_fp8 at 32 heads its 64-head producer block."""
+    """fp8 extend at 32 heads (fp8_ds_mla and model1_fp8): one MMA warpgroup with the heads as N
+    beside two producer warpgroups (384 threads, one CTA an SM, the roles' setmaxnreg within the
+    launch's pool). 8 and 16 heads keep the register form (two CTAs an SM, no producer), decode at
+    32 heads its split form (fp8_ds_mla) or its 64-head producer block (model1_fp8)."""
     from codegen.cute_blocks.sparse_mla.kernel import role_registers
 
-    t = SparseMLASpec(num_heads=32, mode="extend").tiling()
-    assert t["heads_as_n"] and t["producer"] and t["producer_warpgroups"] == 2
-    assert (t["head_block"], t["warps_n"], t["stages"], t["num_threads"], t["ctas_per_sm"]) == (32, 1, 2, 384, 1)
-    assert t["p_in_rope"] and t["sm_share"] is None
-    pool = 65536 // t["num_threads"] // 8 * 8
-    assert sum(role_registers(True)) * 128 <= pool * t["num_threads"]
+    v4 = dict(kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, page_size=256,
+              topk=512)
+    for kw in ({}, v4):
+        t = SparseMLASpec(num_heads=32, mode="extend", **kw).tiling()
+        assert t["heads_as_n"] and t["producer"] and t["producer_warpgroups"] == 2
+        assert (t["head_block"], t["warps_n"], t["stages"], t["num_threads"], t["ctas_per_sm"]) == (32, 1, 2, 384, 1)
+        # P in the K stage's RoPE block, except where V spans the RoPE dims (model1_fp8's V is all
+        # 512 dims): one P buffer a stage there
+        assert t["sm_share"] is None and (t["p_in_rope"], t["p_stages"]) == ((True, 1) if kw == {} else (False, 2))
+        pool = 65536 // t["num_threads"] // 8 * 8
+        assert sum(role_registers(True)) * 128 <= pool * t["num_threads"]
     for h in (8, 16):
         r = SparseMLASpec(num_heads=h, mode="extend").tiling()
         assert r["heads_as_n"] and r["fp8_regs"] and not r["producer"] and r["ctas_per_sm"] == 2
     d = SparseMLASpec(num_heads=32, mode="decode").tiling()
     assert d["heads_as_n"] and not d["producer"] and d["raw_stages"] == 2
-    m = SparseMLASpec(num_heads=32, mode="extend", kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448,
-                      rope_dim=64, v_head_dim=512, page_size=256, topk=512).tiling()
+    m = SparseMLASpec(num_heads=32, mode="decode", **v4).tiling()
     assert m["producer"] and not m["heads_as_n"] and m["head_block"] == 64

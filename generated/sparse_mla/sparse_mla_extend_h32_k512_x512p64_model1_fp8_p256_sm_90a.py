@@ -10,8 +10,8 @@ One kernel (SparseMlaExtend): each CTA takes one (query row, head block), gather
 its `indices` name, runs S = Q K^T and O = P V with an online softmax in base 2 over the whole
 row, folds in the optional attention sink and writes bf16 out and the lse.
 
-Built from codegen/cute_blocks/sparse_mla: the Model1TwoListsProducer gather, the Wgmma64Heads tile
-step, the RowsEpilogue and the TwoListsExtendKernel; this module holds the spec and
+Built from codegen/cute_blocks/sparse_mla: the Model1TwoListsProducer gather, the WgmmaHeadsAsN tile
+step and the TwoListsExtendKernel; this module holds the spec and
 the tiling, and the class below passes them on as its config. q and K rows are 448 NoPE
 then 64 RoPE dims; V is the first 512 columns of the gathered K tile, read transposed, so
 each token is brought into shared memory once.
@@ -19,12 +19,11 @@ each token is brought into shared memory once.
 
 from cutlass import BFloat16, Float16
 
-from codegen.cute_blocks.sparse_mla.epilogue import RowsEpilogue
 from codegen.cute_blocks.sparse_mla.fakes import split_fakes
 from codegen.cute_blocks.sparse_mla.two_lists import Model1TwoListsProducer
 from codegen.cute_blocks.sparse_mla.kernel import role_registers
 from codegen.cute_blocks.sparse_mla.two_lists import TwoListsExtendKernel
-from codegen.cute_blocks.sparse_mla.mma_wgmma import Wgmma64Heads
+from codegen.cute_blocks.sparse_mla.mma_wgmma_heads_n import WgmmaHeadsAsN
 
 # ---- spec (fixed at render time) -------------------------------------------------------------
 NUM_HEADS = 32
@@ -43,10 +42,10 @@ D_V = 512
 assert D_QK == D_NOPE + D_ROPE and D_V <= D_QK
 
 # ---- tiling (codegen.tiling.decode_tiling) ---------------------------------------------------
-HEAD_BLOCK = 64
+HEAD_BLOCK = 32
 TILE_TOKENS = 64
 WARPS_M = 4
-WARPS_N = 2
+WARPS_N = 1
 STAGES = 2              # K tiles in shared memory (bf16; fp16 with FP8_REGS)
 RAW_STAGES = 0      # fp8: raw record tiles in flight (cp.async)
 # fp8 records go global -> registers, then are dequantised into a K stage (no raw smem): at 16
@@ -61,7 +60,7 @@ MMA_DTYPE = Float16
 # the WARPS_M x WARPS_N MMA warps load each tile's records into registers and dequantise them into
 # one of two K stages; named barriers hand the stages over (FULL: dequantised, EMPTY: its PV is done)
 PRODUCER = True
-PRODUCER_WARPGROUPS = 1
+PRODUCER_WARPGROUPS = 2
 MMA_THREADS = 32 * WARPS_M * WARPS_N
 NUM_THREADS = MMA_THREADS + (128 * PRODUCER_WARPGROUPS if PRODUCER else 0)
 GATHER_THREADS = NUM_THREADS - MMA_THREADS if PRODUCER else NUM_THREADS   # threads that gather KV rows
@@ -74,7 +73,7 @@ WGMMA = True
 # warps make a warpgroup; warpgroup 0 computes S^T and the softmax, and each of the WARPS_N
 # warpgroups accumulates O^T for D_V / WARPS_N value dims. All threads gather and dequantise, or,
 # with PRODUCER, the producer warpgroups do while one MMA warpgroup runs the whole tile.
-HEADS_AS_N = False
+HEADS_AS_N = True
 # setmaxnreg split of the CTA's registers between the roles (cute_blocks/sparse_mla/kernel.py)
 assert sum(role_registers(HEADS_AS_N)) * 128 <= (65536 // NUM_THREADS // 8 * 8) * NUM_THREADS
 assert len(role_registers(HEADS_AS_N)) * 128 == NUM_THREADS
@@ -83,7 +82,7 @@ assert len(role_registers(HEADS_AS_N)) * 128 == NUM_THREADS
 # by smem bandwidth) and the softmax, with no cross-warpgroup max exchange; warpgroup 1 only
 # rescales and adds P V for its value columns, from the running max warpgroup 0 publishes in
 # sMax.
-S_ONE_WARPGROUP = True
+S_ONE_WARPGROUP = False
 assert not S_ONE_WARPGROUP or (WGMMA and not HEADS_AS_N and WARPS_N == 2)
 assert not EXTRA_PAGE_SIZE or KV_FP8
 assert not WGMMA or (WARPS_M == 4 and (HEAD_BLOCK == 64 or HEADS_AS_N))
@@ -107,7 +106,7 @@ P_IN_ROPE = False
 # the producer form with V over the whole K tile (DeepSeek-V4): one P per K stage beside them
 P_STAGES = 2
 # bf16 wgmma forms: the S of tile t is issued before the gather of t + 1 (else after its loads)
-S_BEFORE_GATHER = True
+S_BEFORE_GATHER = False
 assert STAGES == (2 if PRODUCER else 1 if KV_FP8 or (HEADS_AS_N and EXTEND) else 2)
 assert (RAW_STAGES >= 1) == (KV_FP8 and not FP8_REGS)
 assert not P_IN_ROPE or PRODUCER or (HEADS_AS_N and not KV_FP8 and STAGES == 1)
@@ -135,7 +134,7 @@ ROW_VALS = HEAD_BLOCK // 4 if HEADS_AS_N else 2
 BIAS_SLOTS = RAW_STAGES + 1 if RAW_STAGES else STAGES
 
 
-class SparseMlaExtend(Model1TwoListsProducer, Wgmma64Heads, RowsEpilogue, TwoListsExtendKernel):
+class SparseMlaExtend(Model1TwoListsProducer, WgmmaHeadsAsN, TwoListsExtendKernel):
     """Attention over the gathered KV rows of whole query rows, writing out and lse."""
 
     def __init__(self):
