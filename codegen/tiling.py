@@ -40,7 +40,7 @@ HEADS_N_PRODUCER = {("extend", 32, fmt) for fmt in ("fp8_ds_mla", "model1_fp8")}
 # splits in one 64-head producer block (the heads-as-N split form's raw shared-memory stages are
 # not built for model1 pages), extend at 32 heads runs the heads-as-N producer form above.
 HEADS_AS_N |= {(mode, heads, "model1_fp8") for mode in ("decode", "extend") for heads in (8, 16)}
-HEADS_AS_N |= {("extend", 32, "model1_fp8")}
+HEADS_AS_N |= HEADS_N_PRODUCER      # the producer form is a heads-as-N form
 FP8_FORMATS = ("fp8_ds_mla", "model1_fp8")
 # Split planning by the share of the busiest SM (b12x.attention.sparse_mla.split_plan, sm_share):
 # forms whose resident CTAs share one SM's throughput. A tile of a single wave that leaves the

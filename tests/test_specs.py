@@ -164,13 +164,13 @@ def test_fp8_extend_at_32_heads_runs_the_heads_as_n_beside_two_producers():
 
     v4 = dict(kv_format="model1_fp8", q_head_dim=512, kv_lora_rank=448, rope_dim=64, v_head_dim=512, page_size=256,
               topk=512)
-    for kw in ({}, v4):
+    # P in the K stage's RoPE block, except where V spans the RoPE dims (model1_fp8's V is all 512
+    # dims): one P buffer a stage there
+    for kw, p_in_rope, p_stages in (({}, True, 1), (v4, False, 2)):
         t = SparseMLASpec(num_heads=32, mode="extend", **kw).tiling()
         assert t["heads_as_n"] and t["producer"] and t["producer_warpgroups"] == 2
         assert (t["head_block"], t["warps_n"], t["stages"], t["num_threads"], t["ctas_per_sm"]) == (32, 1, 2, 384, 1)
-        # P in the K stage's RoPE block, except where V spans the RoPE dims (model1_fp8's V is all
-        # 512 dims): one P buffer a stage there
-        assert t["sm_share"] is None and (t["p_in_rope"], t["p_stages"]) == ((True, 1) if kw == {} else (False, 2))
+        assert t["sm_share"] is None and (t["p_in_rope"], t["p_stages"]) == (p_in_rope, p_stages)
         pool = 65536 // t["num_threads"] // 8 * 8
         assert sum(role_registers(True)) * 128 <= pool * t["num_threads"]
     for h in (8, 16):
