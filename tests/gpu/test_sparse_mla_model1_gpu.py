@@ -102,11 +102,16 @@ def test_model1_dequant_is_the_references():
     torch.testing.assert_close(dequantize_model1_fp8(kv, 64), k, rtol=2 ** -3, atol=2e-2)
 
 
+def v4_plan(heads, rows, xtopk, xpage, mode="decode", num_sms=None):
+    return sm.plan(sm.Caps(num_heads=heads, topk=512, kv_format="model1_fp8", q_head_dim=V4_DIM, kv_lora_rank=448,
+                           page_size=256, extra_topk=xtopk, extra_page_size=xpage, max_rows=max(rows, 1), mode=mode,
+                           num_sms=num_sms))
+
+
 def run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, *, mode="decode", sink=None,
-            lse_base="e"):
+            lse_base="e", num_sms=None):
     rows = q.shape[0]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=512, kv_format="model1_fp8", q_head_dim=V4_DIM, kv_lora_rank=448,
-                        page_size=256, extra_topk=xtopk, extra_page_size=xpage, max_rows=max(rows, 1), mode=mode))
+    p = v4_plan(heads, rows, xtopk, xpage, mode, num_sms)
     scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
     out = torch.full((rows, heads, V4_DIM), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((rows, heads), float("nan"), device="cuda")
@@ -115,6 +120,21 @@ def run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, *
                                                           lse_base=lse_base, extra_kv_cache=extra)
     torch.cuda.synchronize()
     return out, lse
+
+
+def check_two(q, main, idx, lengths, extra, xidx, xlengths, xpage, out, lse, sink, base, empty_row):
+    """run_two's out and lse against the reference (main pages of 256); row empty_row has
+    neither list: out 0 and lse -inf."""
+    ref, ref_lse = sparse_mla_v4_reference(q, main, idx, lengths, SM_SCALE, main_page=256, extra_kv=extra,
+                                           extra_indices=xidx, extra_lengths=xlengths, extra_page=xpage,
+                                           attn_sink=sink)
+    assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"
+    torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
+    want = ref_lse if base == "e" else ref_lse / math.log(2.0)
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(lse), fin) and not fin[empty_row].any()
+    torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
+    assert torch.all(out[empty_row] == 0)
 
 
 @pytest.mark.parametrize("mode", ("decode", "extend"))
@@ -139,15 +159,32 @@ def test_model1_main_and_extra_in_one_softmax(heads, xtopk, xpage, xwidth, mode)
     for sink, base in ((None, "e"), (torch.randn(heads, device="cuda", generator=g), "2")):
         out, lse = run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, xtopk, xpage, mode=mode, sink=sink,
                            lse_base=base)
-        ref, ref_lse = sparse_mla_v4_reference(q, main, idx, lengths, SM_SCALE, main_page=256, extra_kv=extra,
-                                               extra_indices=xidx, extra_lengths=xlengths, extra_page=xpage,
-                                               attn_sink=sink)
-        assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"
-        torch.testing.assert_close(out.float(), ref, atol=1e-2 * ref.abs().max().item() + 1e-4, rtol=5e-2)
-        want = ref_lse if base == "e" else ref_lse / math.log(2.0)
-        fin = torch.isfinite(want)
-        assert torch.equal(torch.isfinite(lse), fin) and not fin[4].any()
-        torch.testing.assert_close(lse[fin], want[fin], atol=2e-3 * want[fin].abs().max().item() + 2e-3, rtol=1e-3)
+        check_two(q, main, idx, lengths, extra, xidx, xlengths, xpage, out, lse, sink, base, empty_row=4)
+
+
+@pytest.mark.parametrize("heads", (32, 64, 128))
+def test_model1_one_split_runs_the_whole_row_kernel(heads):
+    """A decode call whose rows alone fill the GPU (a plan for one SM) gets one split a row and
+    runs the extend kernel of its spec (at 32 heads the heads-as-N producer form, at 64 and 128 the
+    64-head producer form), which writes out, lse and the sink itself: main + C4 lists, a row with
+    neither list, -1 and out-of-range ids."""
+    rows, xwidth, xpage = 4, 512, 64
+    p = v4_plan(heads, rows, 1024, xpage, num_sms=1)
+    assert p.whole_row and p.splits(rows, 128 + xwidth)[0] == 1
+    g = torch.Generator(device="cuda").manual_seed(heads + 5)
+    main = pages(12, 256, g)
+    extra = pages(xwidth // xpage + 8, xpage, g)
+    q = torch.randn(rows, heads, V4_DIM, device="cuda", generator=g).bfloat16()
+    idx = torch.randint(0, 12 * 256, (rows, 128), device="cuda", generator=g, dtype=torch.int32)
+    xidx = torch.randint(0, extra.shape[0] * xpage, (rows, xwidth), device="cuda", generator=g, dtype=torch.int32)
+    idx[0, ::7] = -1
+    xidx[3, ::5] = extra.shape[0] * xpage + 3
+    lengths = torch.tensor([128, 0, 90, 128], dtype=torch.int32, device="cuda")
+    xlengths = torch.tensor([xwidth, 0, xwidth - 64, 200], dtype=torch.int32, device="cuda")   # row 1: neither list
+    for sink, base in ((None, "e"), (torch.randn(heads, device="cuda", generator=g), "2")):
+        out, lse = run_two(heads, q, main, idx, lengths, extra, xidx, xlengths, 1024, xpage, sink=sink,
+                           lse_base=base, num_sms=1)
+        check_two(q, main, idx, lengths, extra, xidx, xlengths, xpage, out, lse, sink, base, empty_row=1)
 
 
 def test_model1_c128_extra_list_from_the_helper_in_a_graph():
