@@ -19,7 +19,7 @@ def _worker(rank, world, interleave, init_file, lengths, seed, out_dir):
     try:
         g = torch.Generator().manual_seed(seed)
         results = {}
-        p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
+        p = dcp.plan(dcp.DcpCaps(topk=K, world=world, interleave=interleave, max_rows=8), device="cpu")
         scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
         for length in lengths:
             rows = 3
@@ -41,8 +41,8 @@ def _worker(rank, world, interleave, init_file, lengths, seed, out_dir):
         dcp.merge_topk(p, scratch=scratch, local_ids=empty, local_scores=torch.empty(0, K), out_ids=empty.clone(),
                        rank=rank)
         # rank-consistent prewarm: dedup rows, barrier after each pass
-        ran = dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=4, key=("test", world, interleave))
-        again = dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=4, key=("test", world, interleave))
+        ran = dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_rows=4, key=("test", world, interleave))
+        again = dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_rows=4, key=("test", world, interleave))
         results["prewarm"] = (ran, again)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -113,7 +113,7 @@ def test_merge_is_exact_and_identical_on_every_rank(world, interleave):
 
 
 def test_filter_with_block_table_and_local_lens():
-    p = dcp.plan(dcp.DcpCaps(k=128, world=2, interleave=1, max_rows=4), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=128, world=2, interleave=1, max_rows=4), device="cpu")
     g = torch.tensor([[0, 1, 2, 3, 5, 7, -1] + [-1] * 121] * 2, dtype=torch.int32)
     bt = torch.tensor([[3, 9], [4, 8]], dtype=torch.int32)
     out = torch.empty_like(g)
@@ -127,7 +127,7 @@ def test_filter_with_block_table_and_local_lens():
 
 
 def test_missing_or_bad_buffers_are_clear_errors():
-    p = dcp.plan(dcp.DcpCaps(k=128, world=2, max_rows=4), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=128, world=2, max_rows=4), device="cpu")
     ids = torch.zeros(2, 128, dtype=torch.int32)
     out = torch.empty_like(ids)
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
@@ -137,8 +137,8 @@ def test_missing_or_bad_buffers_are_clear_errors():
         dcp.convert_to_global(p, local_ids=ids, local_scores=None, out_ids=out, out_scores=None, rank=0)
     with pytest.raises(InputError, match="local_scores: expected a contiguous tensor"):
         dcp.merge_topk(p, scratch=scratch, local_ids=ids, local_scores=torch.zeros(128, 2).t(), out_ids=out, rank=0)
-    with pytest.raises(InputError, match="DcpCaps.k: expected a multiple of 128 in \\[128, 2048\\], got 100"):
-        dcp.plan(dcp.DcpCaps(k=100, world=2), device="cpu")
+    with pytest.raises(InputError, match="DcpCaps.topk: expected a multiple of 128 in \\[128, 2048\\], got 100"):
+        dcp.plan(dcp.DcpCaps(topk=100, world=2), device="cpu")
     with pytest.raises(InputError, match="k: expected a multiple of 128"):
         dcp.allocate_topk_buffers(16, 1000, dcp_world_size=2, device="cpu")
 
@@ -150,7 +150,7 @@ def test_buffers_helper_gives_scores_under_dcp():
 
 
 def test_prewarm_memoises_only_after_success(monkeypatch):
-    p = dcp.plan(dcp.DcpCaps(k=128, world=1, max_rows=8), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=128, world=1, max_rows=8), device="cpu")
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
     calls, barriers = [], []
     real = dcp.merge_topk
@@ -164,12 +164,12 @@ def test_prewarm_memoises_only_after_success(monkeypatch):
     monkeypatch.setattr(dcp, "merge_topk", flaky)
     monkeypatch.setattr(dcp, "sync_dcp_warmup", lambda world, group=None: barriers.append(world))
     with pytest.raises(RuntimeError, match="boom"):
-        dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_batched=8, key="memo-test")
+        dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_rows=8, key="memo-test")
     assert calls == [1, 2] and barriers == [1]
-    assert dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_batched=8, rows=(8, 1, 2, 4, 4),
+    assert dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_rows=8, rows=(8, 1, 2, 4, 4),
                                  key="memo-test") == [1, 2, 4, 8]
     assert barriers == [1, 1, 1, 1, 1]  # one barrier after every pass
-    assert dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_batched=8, key="memo-test") == []
+    assert dcp.prewarm_dcp_merge(p, scratch=scratch, rank=0, max_rows=8, key="memo-test") == []
 
 
 def test_sync_barrier_policy(monkeypatch):
@@ -187,7 +187,7 @@ def test_sync_barrier_policy(monkeypatch):
 
 @pytest.mark.parametrize("rank", [5, 2, -1, True, 1.0])
 def test_every_entry_rejects_a_rank_outside_the_world(rank):
-    p = dcp.plan(dcp.DcpCaps(k=K, world=2, max_rows=4), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=K, world=2, max_rows=4), device="cpu")
     ids = torch.arange(2 * K, dtype=torch.int32).view(2, K)
     scores = torch.randn(2, K)
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
@@ -202,7 +202,7 @@ def test_every_entry_rejects_a_rank_outside_the_world(rank):
         dcp.filter_local(p, global_ids=ids, out_local=torch.empty_like(ids), lengths=torch.empty(2, dtype=torch.int32),
                          rank=rank)
     with pytest.raises(InputError, match=match):
-        dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_batched=4, key=("bad-rank", repr(rank)))
+        dcp.prewarm_dcp_merge(p, scratch=scratch, rank=rank, max_rows=4, key=("bad-rank", repr(rank)))
 
 
 def test_buffers_on_another_device_than_the_plan_name_local_ids():
@@ -210,7 +210,7 @@ def test_buffers_on_another_device_than_the_plan_name_local_ids():
     (checked first against the plan), not out_ids. Fake CUDA tensors: only metadata is read."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=4, arch="sm_90a", num_sms=132), device="cuda")
+    p = dcp.plan(dcp.DcpCaps(topk=K, world=1, max_rows=4, arch="sm_90a", num_sms=132), device="cuda")
     with FakeTensorMode():
         out = torch.empty(2, K, dtype=torch.int32, device="cuda")
         lengths = torch.empty(2, dtype=torch.int32, device="cuda")
@@ -225,7 +225,7 @@ def test_buffers_on_another_device_than_the_plan_name_local_ids():
 def test_filter_drops_ids_past_the_block_table_like_minus_one():
     """With a block table of P pages, an owned id whose local position is >= P * 64 is neither
     kept nor counted (it would read past the table); ids that no rank could own (negative) too."""
-    p = dcp.plan(dcp.DcpCaps(k=128, world=2, interleave=1, max_rows=4), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=128, world=2, interleave=1, max_rows=4), device="cpu")
     bt = torch.tensor([[3, 9], [4, 8]], dtype=torch.int32)         # 2 pages: local positions [0, 128)
     # rank 1 owns odd ids; local = g // 2: 255 -> 127 (last mapped), 257 -> 128 (past the table)
     row = [1, 257, 255, 2**31 - 1, -2**31, -2, 3, 2 * 64 * 50 + 1, -100]
@@ -249,7 +249,7 @@ def _warning_worker(rank, world, init_file, out_dir):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        p = dcp.plan(dcp.DcpCaps(k=K, world=world, max_rows=4), device="cpu")
+        p = dcp.plan(dcp.DcpCaps(topk=K, world=world, max_rows=4), device="cpu")
         scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
         ids = torch.arange(3 * K, dtype=torch.int32).view(3, K)
         scores = torch.randn(3, K, generator=torch.Generator().manual_seed(rank))

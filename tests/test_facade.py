@@ -195,6 +195,6 @@ def test_the_gpu_call_check_catches_a_renamed_keyword():
     mod = importlib.import_module("gpu.test_integration_vllm_gpu")
     src = (GPU_DIR / "test_integration_vllm_gpu.py").read_text()
     env = {n: v for n, v in vars(mod).items() if not n.startswith("__")}
-    assert "max_batched=rows" in src
-    errors, _ = check_calls(src.replace("max_batched=rows", "max_batchd=rows"), "mutated", env)
-    assert any("max_batchd" in e for e in errors), errors
+    assert "max_rows=rows" in src
+    errors, _ = check_calls(src.replace("max_rows=rows", "max_rowz=rows"), "mutated", env)
+    assert any("max_rowz" in e for e in errors), errors

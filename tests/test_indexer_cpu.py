@@ -171,7 +171,7 @@ H, ROWS = 16, 4
 
 @pytest.fixture(scope="module")
 def plan():
-    return ix.plan(ix.Caps(num_heads=H, topk=2048, max_batched=8, max_width=65536, with_scores=True,
+    return ix.plan(ix.Caps(num_heads=H, topk=2048, max_rows=8, max_width=65536, with_scores=True,
                            arch="sm_90a", num_sms=132))
 
 
@@ -191,7 +191,7 @@ def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
     """The CTAs of a row wait for each other: a row's CTAs must all fit one wave of the SMs
     (or be a single CTA, which waits on no one), and their counts fit the scratch region where
     the rows take the wide top-k (row_final selects 64 or more rows of up to 32K in one CTA each)."""
-    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=rows, max_width=width, arch="sm_90a", num_sms=132))
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=rows, max_width=width, arch="sm_90a", num_sms=132))
     t = p.tiling
     tiles = -(-width // t["wide_tile"])
     tpc = p.wide_tiles_per_cta(rows, width)
@@ -203,7 +203,7 @@ def test_wide_topk_grid_never_waits_on_a_missing_cta(rows, width):
 
 
 def test_wide_topk_arguments_are_views_of_scratch():
-    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=3, max_width=50000, arch="sm_90a", num_sms=132))
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=3, max_width=50000, arch="sm_90a", num_sms=132))
     s = torch.empty(p.scratch_bytes(), dtype=torch.uint8)
     b = ix.bind(p, scratch=s, lengths=torch.full((3,), 50000, dtype=torch.int32), width=50000)
     hist, args = tk.wide_args(b)
@@ -246,7 +246,7 @@ def test_bind_views_scratch(plan):
     (lambda d: d.update(weights=None), r"weights: expected a \[rows, Hi\] float32 tensor with q, got None"),
     (lambda d: d.update(lengths=d["lengths"].long()), r"lengths: expected dtype torch.int32, got torch.int64"),
     (lambda d: d.update(lengths=torch.zeros(9, dtype=torch.int32), q=None),
-     r"lengths: expected at most Caps.max_batched=8 rows, got 9"),
+     r"lengths: expected at most Caps.max_rows=8 rows, got 9"),
     (lambda d: d.update(block_table=torch.zeros(3, 1024, dtype=torch.int32)),
      r"block_table: expected a number of requests dividing rows=4, got 3"),
     (lambda d: d.update(block_table=torch.zeros(2, 10, dtype=torch.int32)),
@@ -289,7 +289,7 @@ def test_bind_rejects_small_scratch(plan):
 
 
 def test_scores_need_caps():
-    p = ix.plan(ix.Caps(num_heads=8, max_batched=2, max_width=1024, arch="sm_90a", num_sms=132))
+    p = ix.plan(ix.Caps(num_heads=8, max_rows=2, max_width=1024, arch="sm_90a", num_sms=132))
     with pytest.raises(InputError, match=r"scores: expected None \(plan with Caps\(with_scores=True\)"):
         ix.bind(p, scratch=torch.empty(p.scratch_bytes(), dtype=torch.uint8),
                 lengths=torch.ones(2, dtype=torch.int32), logits=torch.zeros(2, 1024), scores=torch.zeros(2, 2048))
@@ -359,7 +359,7 @@ def test_aot_build_without_gpu(tmp_cache):
 def test_row_final_route(arch):
     """Rows between one chunk and row_chunk wide go one CTA per row only when there are enough of
     them to fill the SMs (sm_90a); otherwise, and above row_chunk, the wide top-k takes them."""
-    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_batched=256, max_width=65536, arch=arch, num_sms=132))
+    p = ix.plan(ix.Caps(num_heads=64, topk=2048, max_rows=256, max_width=65536, arch=arch, num_sms=132))
     t = p.tiling
     many, few = t["row_min_rows"], t["row_min_rows"] - 1
     assert not p.row_final(many, t["chunk"])                       # one chunk: chunk_final
@@ -411,7 +411,7 @@ def test_active_width_from_metadata_reaches_every_launch_as_entries(monkeypatch,
     assert int(buf) == 4096
 
     calls = _recording_kernels(monkeypatch)
-    p = ix.plan(ix.Caps(num_heads=16, topk=2048, compress_ratio=4, max_batched=4, max_width=32768,
+    p = ix.plan(ix.Caps(num_heads=16, topk=2048, compress_ratio=4, max_rows=4, max_width=32768,
                         with_scores=True, fused=fused, arch="sm_90a", num_sms=132))
     rows = 4
     kv = torch.zeros(7, 64, 132, dtype=torch.uint8)
@@ -475,7 +475,7 @@ def test_physical_slots_know_the_cache_size(monkeypatch):
     """run_index_topk checks physical slots against kv_cache's pages; run_topk against
     bind(num_blocks=...), or only against int32 overflow of the slot without it."""
     calls = _recording_kernels(monkeypatch)
-    p = ix.plan(ix.Caps(num_heads=16, topk=2048, max_batched=2, max_width=4096, arch="sm_90a", num_sms=132))
+    p = ix.plan(ix.Caps(num_heads=16, topk=2048, max_rows=2, max_width=4096, arch="sm_90a", num_sms=132))
     lengths = torch.full((2,), 4000, dtype=torch.int32)
     bt = torch.zeros(2, 64, dtype=torch.int32)
     logits = torch.zeros(2, 4096)
@@ -489,7 +489,7 @@ def test_physical_slots_know_the_cache_size(monkeypatch):
     # through run_index_topk (fused and not), the cache's own page count
     q, w = torch.zeros(2, 16, 128).to(torch.float8_e4m3fn), torch.ones(2, 16)
     for fused in (False, True):
-        pf = ix.plan(ix.Caps(num_heads=16, topk=2048, max_batched=2, max_width=4096, fused=fused, arch="sm_90a",
+        pf = ix.plan(ix.Caps(num_heads=16, topk=2048, max_rows=2, max_width=4096, fused=fused, arch="sm_90a",
                              num_sms=132))
         calls.clear()
         b = ix.bind(pf, scratch=_scratch(pf), q=q, weights=w, lengths=lengths, block_table=bt, width=4096,

@@ -59,11 +59,11 @@ def serve(keys_path: str) -> None:
 
     # plan() of every op, and the keys of every spec the plans name
     plans = {
-        "sparse_mla decode": sparse_mla.plan(sparse_mla.Caps(num_heads=16, max_batched=256, arch=ARCH, num_sms=SMS)),
-        "sparse_mla extend": sparse_mla.plan(sparse_mla.Caps(num_heads=16, max_batched=8192, mode="extend",
+        "sparse_mla decode": sparse_mla.plan(sparse_mla.Caps(num_heads=16, max_rows=256, arch=ARCH, num_sms=SMS)),
+        "sparse_mla extend": sparse_mla.plan(sparse_mla.Caps(num_heads=16, max_rows=8192, mode="extend",
                                                              arch=ARCH, num_sms=SMS)),
-        "indexer": indexer.plan(indexer.Caps(num_heads=64, max_batched=128, with_scores=True, arch=ARCH, num_sms=SMS)),
-        "dcp": dcp.plan(dcp.DcpCaps(k=2048, world=2, max_rows=64, arch=ARCH, num_sms=SMS), device="cuda"),
+        "indexer": indexer.plan(indexer.Caps(num_heads=64, max_rows=128, with_scores=True, arch=ARCH, num_sms=SMS)),
+        "dcp": dcp.plan(dcp.DcpCaps(topk=2048, world=2, max_rows=64, arch=ARCH, num_sms=SMS), device="cuda"),
     }
     named = [plans["sparse_mla decode"].spec, plans["sparse_mla extend"].spec, *plans["indexer"].specs(),
              DcpSpec(arch=ARCH), *plans["dcp"].topk_plan.specs()]

@@ -61,10 +61,10 @@ def reference(case: Case, sink=None, chunk: int = 128):
     return torch.cat(outs), torch.cat(lses)
 
 
-def run_ours(case: Case, kv_format: str, *, sink=None, lse_base="e", topk=2048, max_batched=None, mode="decode",
+def run_ours(case: Case, kv_format: str, *, sink=None, lse_base="e", topk=2048, max_rows=None, mode="decode",
              num_rows=None, num_sms=None):
     rows, heads = case.q.shape[:2]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format=kv_format, max_batched=max_batched or max(rows, 1),
+    p = sm.plan(sm.Caps(num_heads=heads, topk=topk, kv_format=kv_format, max_rows=max_rows or max(rows, 1),
                         mode=mode, num_sms=num_sms))
     scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")  # NaN poison
     out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")

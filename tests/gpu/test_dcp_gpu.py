@@ -20,7 +20,7 @@ def test_merge_kernels_match_cpu_path(world, interleave, length, monkeypatch):
     full = torch.randperm(rows * length, generator=torch.Generator().manual_seed(world * 31 + interleave))
     full = full.float().view(rows, length)  # one global row set, sharded consistently over the ranks
     locals_ = [_local_from(full, world, r, interleave) for r in range(world)]
-    caps = dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8)
+    caps = dcp.DcpCaps(topk=K, world=world, interleave=interleave, max_rows=8)
     pc = dcp.plan(caps, device="cpu")  # the torch path of the same module, for the other ranks' sends
     sends = []
     for r, (ids, sc) in enumerate(locals_):
@@ -60,7 +60,7 @@ def _local_from(full, world, rank, interleave):
 
 
 def test_no_host_sync_in_metadata_and_merge():
-    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=8))
+    p = dcp.plan(dcp.DcpCaps(topk=K, world=1, max_rows=8))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     ids = torch.randint(0, 50000, (8, K), dtype=torch.int32, device="cuda")
     sc = torch.randn(8, K, device="cuda")
@@ -87,7 +87,7 @@ def _nccl_worker(rank, world, init, out_dir):
     try:
         full = torch.randperm(4 * 20000, generator=torch.Generator().manual_seed(5)).float().view(4, 20000)
         ids, sc = _local_from(full, world, rank, 16)
-        p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=16, max_rows=8))
+        p = dcp.plan(dcp.DcpCaps(topk=K, world=world, interleave=16, max_rows=8))
         scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
         out = torch.empty(4, K, dtype=torch.int32, device="cuda")
         dcp.merge_topk(p, scratch=scratch, local_ids=ids.cuda(), local_scores=sc.cuda(), out_ids=out, rank=rank)
@@ -118,7 +118,7 @@ def test_nccl_merge_two_gpus():
 
 def test_merge_is_graph_capturable_without_allocation():
     rows = 8
-    p = dcp.plan(dcp.DcpCaps(k=K, world=1, max_rows=rows))
+    p = dcp.plan(dcp.DcpCaps(topk=K, world=1, max_rows=rows))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     full = torch.randperm(rows * 30000, generator=torch.Generator().manual_seed(7)).float().view(rows, 30000)
     ids, sc = _local_from(full, 1, 0, 1)
@@ -163,8 +163,8 @@ def test_filter_local_drops_ids_past_the_block_table(rows_per_req):
     ids[pos] = wild[torch.randint(0, len(wild), (int(pos.sum()),), generator=g)]
     bt = torch.randint(0, 1000, (-(-rows // rows_per_req), pages), generator=g, dtype=torch.int32)
     lens_in = torch.randint(0, K, (rows,), generator=g, dtype=torch.int32)
-    p = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8))
-    pc = dcp.plan(dcp.DcpCaps(k=K, world=world, interleave=interleave, max_rows=8), device="cpu")
+    p = dcp.plan(dcp.DcpCaps(topk=K, world=world, interleave=interleave, max_rows=8))
+    pc = dcp.plan(dcp.DcpCaps(topk=K, world=world, interleave=interleave, max_rows=8), device="cpu")
     for r in range(world):
         loc, lens = torch.empty(rows, K, dtype=torch.int32, device="cuda"), torch.empty(rows, dtype=torch.int32,
                                                                                       device="cuda")

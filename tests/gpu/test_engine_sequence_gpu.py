@@ -57,7 +57,7 @@ def test_metadata_indexer_topk_single_rank(c, next_n):
     lengths_l = token_lengths(entries, c, next_n)
     row_entries = [L // c for L in lengths_l]
     q, w, kv, bt, lengths = paged_inputs(lengths_l, heads=HEADS, next_n=next_n, c=c, width=width, seed=c * 10 + next_n)
-    sparse = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_batched=rows, max_width=width, compress_ratio=c)
+    sparse = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_rows=rows, max_width=width, compress_ratio=c)
     bufs = adapter.make_topk_buffers(rows, K, dcp_world_size=1, device="cuda")
     ws = poisoned(sparse.scratch_bytes())
     active = torch.zeros(1, dtype=torch.int32, device="cuda")     # the engine's persistent buffer
@@ -113,9 +113,9 @@ def test_metadata_indexer_topk_dcp_merge_and_filter(c, interleave, monkeypatch):
         st = ranks[rank]
         _, _, kv, bt, lengths = st["inputs"]
         cfg = adapter.DcpConfig(world=world, rank=rank, interleave=interleave, global_topk=True)
-        sparse = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_batched=rows, max_width=width, compress_ratio=c,
+        sparse = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_rows=rows, max_width=width, compress_ratio=c,
                                        dcp=cfg)
-        convert = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_batched=rows, max_width=width,
+        convert = adapter.SparseIndexer(num_heads=HEADS, topk=K, max_rows=rows, max_width=width,
                                         compress_ratio=c, dcp=adapter.DcpConfig(world=world, rank=rank,
                                                                                 interleave=interleave,
                                                                                 global_topk=False))

@@ -45,7 +45,7 @@ def paged_case(rows, heads, next_n=1, max_len=4096, c=1, blocks=None, page_strid
 
 
 def make_plan(heads=64, k=2048, c=1, mode="paged", rows=8, width=8192, scores=True, fused=None):
-    return ix.plan(ix.Caps(num_heads=heads, topk=k, compress_ratio=c, mode=mode, max_batched=rows, max_width=width,
+    return ix.plan(ix.Caps(num_heads=heads, topk=k, compress_ratio=c, mode=mode, max_rows=rows, max_width=width,
                            with_scores=scores, fused=fused))
 
 
@@ -422,7 +422,7 @@ def test_cuda_graph_capture_without_allocation(fused, width):
 def test_custom_ops_run():
     rows, heads, width = 2, 32, 4096
     q, w, kv, bt, lengths = paged_case(rows, heads, 1, max_len=width, seed=31)
-    p = ix.plan(ix.Caps(num_heads=heads, topk=2048, max_batched=rows, max_width=width, with_scores=True))
+    p = ix.plan(ix.Caps(num_heads=heads, topk=2048, max_rows=rows, max_width=width, with_scores=True))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     idx = torch.empty(rows, 2048, dtype=torch.int32, device="cuda")
     sc = torch.empty(rows, 2048, dtype=torch.float32, device="cuda")
@@ -438,7 +438,7 @@ def test_custom_ops_run():
 def test_prewarm_covers_every_route(mode, fused):
     from b12x.prewarm import prewarm_indexer
 
-    caps = ix.Caps(num_heads=64, topk=2048, mode=mode, max_batched=4, max_width=40000, with_scores=True, fused=fused)
+    caps = ix.Caps(num_heads=64, topk=2048, mode=mode, max_rows=4, max_width=40000, with_scores=True, fused=fused)
     # the caller's scratch, sized by its own plan, is all the warm-up uses
     p = ix.plan(caps)
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")

@@ -17,7 +17,7 @@ HEADS = 64
 
 
 def make_plan(c, rows, width, fused):
-    return ix.plan(ix.Caps(num_heads=HEADS, topk=K, compress_ratio=c, max_batched=rows, max_width=width,
+    return ix.plan(ix.Caps(num_heads=HEADS, topk=K, compress_ratio=c, max_rows=rows, max_width=width,
                            with_scores=True, fused=fused))
 
 

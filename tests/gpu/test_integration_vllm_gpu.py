@@ -18,7 +18,7 @@ def test_indexer_then_sparse_mla_through_the_adapter():
     w = torch.randn(rows, heads, device="cuda", generator=g)
     bt = torch.randperm(600, device="cuda", generator=g)[: rows * 128].view(rows, 128).int()
     lengths = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-    idx = adapter.SparseIndexer(num_heads=heads, topk=2048, max_batched=rows, max_width=width)
+    idx = adapter.SparseIndexer(num_heads=heads, topk=2048, max_rows=rows, max_width=width)
     bufs = adapter.make_topk_buffers(rows, 2048, dcp_world_size=1, device="cuda")
     ws = torch.empty(idx.scratch_bytes(), dtype=torch.uint8, device="cuda")
     idx.topk(q, w, kv, bt, lengths, scratch=ws, out=bufs, width=width)
@@ -36,7 +36,7 @@ def test_indexer_then_sparse_mla_through_the_adapter():
         assert logits[r][unchosen].max() <= kth + tol
 
     case = random_case(rows, 16, 2048, "fp8_ds_mla", seed=5)
-    mla = adapter.SparseMLA(num_heads=16, max_batched=rows)
+    mla = adapter.SparseMLA(num_heads=16, max_rows=rows)
     out = torch.full((rows, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((rows, 16), float("nan"), device="cuda")
     mws = torch.empty(mla.scratch_bytes(), dtype=torch.uint8, device="cuda")

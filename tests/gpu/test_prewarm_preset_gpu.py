@@ -31,7 +31,7 @@ HEADS = 16             # DeepSeek-V3.2 attention heads per rank at TP8
 
 @pytest.fixture
 def frozen_bundle():
-    bundle = prewarm_preset(DEFAULT_PRESET, max_batched=MAX_BATCHED, max_width=MAX_WIDTH)
+    bundle = prewarm_preset(DEFAULT_PRESET, max_rows=MAX_BATCHED, max_width=MAX_WIDTH)
     freeze()
     yield bundle
     unfreeze()
@@ -43,7 +43,7 @@ def test_bundle_is_loaded_and_freeze_holds(frozen_bundle):
     assert set(frozen_bundle.specs()) == set(want)
     assert set(want) <= set(registry.loaded_specs())
     # memoised: a second call with the same arguments resolves nothing and launches nothing
-    assert prewarm_preset(DEFAULT_PRESET, max_batched=MAX_BATCHED, max_width=MAX_WIDTH) == frozen_bundle
+    assert prewarm_preset(DEFAULT_PRESET, max_rows=MAX_BATCHED, max_width=MAX_WIDTH) == frozen_bundle
     outside = SparseMLASpec(num_heads=HEADS, topk=1024, arch=frozen_bundle.arch)   # in no preset
     if outside not in registry.loaded_specs():
         with pytest.raises(KernelResolutionFrozenError, match=outside.name):
@@ -66,7 +66,7 @@ def test_indexer_paged_topk_frozen(frozen_bundle, next_n, with_scores):
     lengths[0] = max_len
     out = {}
     for fused in (False, True):
-        p = ix.plan(ix.Caps(num_heads=INDEX_HEADS, topk=2048, max_batched=rows, max_width=max_len,
+        p = ix.plan(ix.Caps(num_heads=INDEX_HEADS, topk=2048, max_rows=rows, max_width=max_len,
                             with_scores=with_scores, fused=fused))
         scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
         b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=lengths, block_table=bt, width=max_len)
@@ -93,7 +93,7 @@ def test_indexer_contiguous_topk_frozen(frozen_bundle, with_scores):
     w = torch.randn(rows, INDEX_HEADS, device="cuda", generator=g)
     starts = torch.tensor([0, 0, 100, 3000, 63], dtype=torch.int32, device="cuda")
     ends = torch.tensor([6000, 64, 2500, 6000, 5999], dtype=torch.int32, device="cuda")
-    p = ix.plan(ix.Caps(num_heads=INDEX_HEADS, topk=2048, mode="contiguous", max_batched=rows, max_width=n,
+    p = ix.plan(ix.Caps(num_heads=INDEX_HEADS, topk=2048, mode="contiguous", max_rows=rows, max_width=n,
                         with_scores=with_scores))
     scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
     b = ix.bind(p, scratch=scratch, q=q, weights=w, lengths=ends, starts=starts, width=n)
@@ -112,7 +112,7 @@ def test_dcp_kernels_frozen(frozen_bundle, world, rank, interleave):
     k, rows, length = 2048, 3, 9000
     full = torch.randperm(rows * length, generator=torch.Generator().manual_seed(world)).float().view(rows, length)
     ids, scores = dcp.shard_topk_reference(full, world=world, rank=rank, interleave=interleave, k=k)
-    caps = dcp.DcpCaps(k=k, world=world, interleave=interleave, max_rows=MAX_BATCHED)
+    caps = dcp.DcpCaps(topk=k, world=world, interleave=interleave, max_rows=MAX_BATCHED)
     p, pc = dcp.plan(caps), dcp.plan(caps, device="cpu")
     g_ids = torch.empty(rows, k, dtype=torch.int32, device="cuda")
     g_scores = torch.empty(rows, k, device="cuda")

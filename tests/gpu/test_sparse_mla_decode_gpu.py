@@ -55,7 +55,7 @@ def test_edge_cases(kv_format, heads):
 def test_both_combine_kernels(kv_format, heads, num_sms):
     """Few splits (<= COMBINE_FEW_SPLITS) run "combine", more run "combine_many_splits"; plans for
     fewer SMs give fewer splits. Sink and base-2 lse go through either."""
-    splits = sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_batched=4, num_sms=num_sms)).splits(4, 1024)[0]
+    splits = sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_rows=4, num_sms=num_sms)).splits(4, 1024)[0]
     assert splits > 1
     case = random_case(4, heads, 1024, kv_format, seed=num_sms + heads)
     sink = torch.randn(heads, device="cuda")
@@ -70,7 +70,7 @@ def test_one_split_runs_the_whole_row_kernel(kv_format, heads):
     decode runs the extend kernel, which writes out, lse and the sink itself (where extend runs
     the same tile loop or the producer form, as fp8 at 32 heads does; bf16 at 16/32 heads keeps
     split + combine)."""
-    assert sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_batched=4, num_sms=1)).splits(4, 1024)[0] == 1
+    assert sm.plan(sm.Caps(num_heads=heads, kv_format=kv_format, max_rows=4, num_sms=1)).splits(4, 1024)[0] == 1
     case = random_case(4, heads, 1024, kv_format, seed=21)
     case.lengths[1] = 0
     sink = torch.randn(heads, device="cuda")
@@ -266,7 +266,7 @@ def test_run_to_run_determinism(kv_format):
 
 def test_custom_op_matches_facade():
     case = random_case(4, 16, 512, "fp8_ds_mla", seed=41)
-    p = sm.plan(sm.Caps(num_heads=16, topk=2048, max_batched=4))  # width 512 on the catalog's top-k 2048 bundle
+    p = sm.plan(sm.Caps(num_heads=16, topk=2048, max_rows=4))  # width 512 on the catalog's top-k 2048 bundle
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(4, 16, device="cuda")
@@ -280,7 +280,7 @@ def test_frozen_after_prewarm():
     from b12x.errors import KernelResolutionFrozenError
     from b12x.prewarm import prewarm_sparse_mla
 
-    prewarm_sparse_mla(num_heads=16, kv_format="fp8_ds_mla", max_batched=8)
+    prewarm_sparse_mla(num_heads=16, kv_format="fp8_ds_mla", max_rows=8)
     freeze()
     try:
         case = random_case(2, 16, 512, "fp8_ds_mla", seed=51)

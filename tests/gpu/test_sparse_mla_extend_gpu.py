@@ -82,7 +82,7 @@ def test_mtp_verify_goes_through_extend():
 def test_capacity_grid_graph_capture_without_allocation(kv_format, heads):
     cap = 64
     case = random_case(cap, heads, 1024, kv_format, seed=23)
-    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_batched=cap, mode="extend"))
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format=kv_format, max_rows=cap, mode="extend"))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     out = torch.full((cap, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((cap, heads), float("nan"), device="cuda")

@@ -51,7 +51,7 @@ def test_decode_sequence_matches_our_api_and_the_reference(heads):
     torch.cuda.synchronize()
     check(case, out3, lse2, lse_base="2")
     if heads in (16, 64, 128):
-        ours, ours_lse = run_ours(case, "fp8_ds_mla", max_batched=rows)
+        ours, ours_lse = run_ours(case, "fp8_ds_mla", max_rows=rows)
         assert torch.equal(out3, ours)                     # same kernels, same plan
         torch.testing.assert_close(lse2, ours_lse / math.log(2.0), rtol=1e-6, atol=1e-6)
 
@@ -67,7 +67,7 @@ def test_decode_sink_folds_into_lse():
     out, lse = sparse_mla_decode_forward(binding=b, kv_cache=case.kv, sm_scale=case.sm_scale, attn_sink=sink,
                                          return_lse=True, lse_scale="natural")
     torch.cuda.synchronize()
-    ours, ours_lse = run_ours(case, "fp8_ds_mla", sink=sink, max_batched=rows)
+    ours, ours_lse = run_ours(case, "fp8_ds_mla", sink=sink, max_rows=rows)
     torch.testing.assert_close(out.float(), ours.float(), rtol=0, atol=0)
     torch.testing.assert_close(lse, torch.logaddexp(ours_lse, sink[None, :]), rtol=1e-6, atol=1e-6)
 
@@ -108,7 +108,7 @@ def test_extend_sequence_and_its_prewarm(heads):
                                          v_head_dim=512, return_lse=True, lse_scale="natural")
     torch.cuda.synchronize()
     check(case, out, lse)
-    ours, ours_lse = run_ours(case, "fp8_ds_mla", max_batched=rows, mode="extend")
+    ours, ours_lse = run_ours(case, "fp8_ds_mla", max_rows=rows, mode="extend")
     assert torch.equal(out, ours)
 
 
