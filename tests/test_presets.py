@@ -90,34 +90,34 @@ def test_prewarm_bundle_is_the_catalog_bundle(name, arch):
     kernels for the arch says so."""
     if arch not in get_preset(name).archs:
         with pytest.raises(InputError, match=f"arch: preset '{name}' has kernels for"):
-            preset_bundle(name, arch=arch, num_sms=132, max_batched=64)
+            preset_bundle(name, arch=arch, num_sms=132, max_rows=64)
         return
-    b = preset_bundle(name, arch=arch, num_sms=132, max_batched=64)
+    b = preset_bundle(name, arch=arch, num_sms=132, max_rows=64)
     assert set(b.specs()) == set(get_preset(name).specs((arch,)))
     assert (b.dcp is not None) == any(isinstance(s, DcpSpec) for s in b.specs())
     assert b.max_width == DEFAULT_MAX_WIDTH and b.scratch_bytes() > 0
 
 
 def test_default_bundle_routes():
-    b = preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_batched=256)
-    assert [(k.num_heads, k.kv_format, k.topk, k.max_batched) for k in b.sparse_mla] == [(16, "fp8_ds_mla", 2048, 256)]
+    b = preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_rows=256)
+    assert [(k.num_heads, k.kv_format, k.topk, k.max_rows) for k in b.sparse_mla] == [(16, "fp8_ds_mla", 2048, 256)]
     assert {(c.num_heads, c.mode, c.compress_ratio, c.with_scores) for c in b.indexer} == {
         (64, m, 1, s) for m in ("paged", "contiguous") for s in (False, True)}
-    assert all(c.max_batched == 256 and c.max_width == DEFAULT_MAX_WIDTH for c in b.indexer)
-    assert (b.dcp.k, b.dcp.world, b.dcp.max_rows) == (2048, 1, 256)
+    assert all(c.max_rows == 256 and c.max_width == DEFAULT_MAX_WIDTH for c in b.indexer)
+    assert (b.dcp.topk, b.dcp.world, b.dcp.max_rows) == (2048, 1, 256)
 
 
 def test_preset_bundle_errors():
     with pytest.raises(PresetError, match="unknown preset 'nope'"):
-        preset_bundle("nope", arch="sm_90a", num_sms=132, max_batched=8)
+        preset_bundle("nope", arch="sm_90a", num_sms=132, max_rows=8)
     with pytest.raises(InputError, match="dcp_group: preset 'sparse-mla-all' has no DCP kernels"):
-        preset_bundle("sparse-mla-all", arch="sm_90a", num_sms=132, max_batched=8, dcp_world=2)
-    with pytest.raises(InputError, match="max_batched: expected an int >= 1, got 0"):
-        preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_batched=0)
+        preset_bundle("sparse-mla-all", arch="sm_90a", num_sms=132, max_rows=8, dcp_world=2)
+    with pytest.raises(InputError, match="max_rows: expected an int >= 1, got 0"):
+        preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_rows=0)
     with pytest.raises(InputError, match="max_width: expected an int in"):
-        preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_batched=8, max_width=1 << 20)
+        preset_bundle(DEFAULT_PRESET, arch="sm_90a", num_sms=132, max_rows=8, max_width=1 << 20)
     with pytest.raises(PresetError, match="unknown preset 'nope'"):
-        prewarm_preset("nope", max_batched=8)   # before any device query
+        prewarm_preset("nope", max_rows=8)   # before any device query
 
 
 def _lines(capsys):
@@ -174,7 +174,8 @@ def test_cli_prewarm_calls_prewarm_preset(capsys, monkeypatch):
     monkeypatch.setattr(registry, "dsl_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(b12x.prewarm, "prewarm_preset", fake)
-    assert main(["prewarm", "--preset", "glm-5-tp2", "--max-batched", "64"]) == 0
+    with pytest.warns(DeprecationWarning, match="max_batched"):     # --max-batched: the old flag
+        assert main(["prewarm", "--preset", "glm-5-tp2", "--max-batched", "64"]) == 0
     assert calls == [("glm-5-tp2", {"max_batched": 64, "max_width": DEFAULT_MAX_WIDTH})]
     out = capsys.readouterr().out
     assert "prewarmed preset glm-5-tp2 on sm_90a: 11 specs loaded and launched" in out
@@ -205,7 +206,7 @@ def test_prewarm_preset_orchestration(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     monkeypatch.setattr(dist, "get_rank", lambda group: 1)
     ws = torch.empty(16, dtype=torch.uint8)
-    kw = dict(max_batched=16, max_width=4096, device="cuda:0", dcp_group="group", dcp_interleave=8, scratch=ws)
+    kw = dict(max_rows=16, max_width=4096, device="cuda:0", dcp_group="group", dcp_interleave=8, scratch=ws)
     bundle = pw.prewarm_preset("glm-5-tp2", **kw)
     resolved = [e[1] for e in events if e[0] == "resolve"]
     assert set(resolved) == set(get_preset("glm-5-tp2").specs(("sm_90a",))) and len(resolved) == 11
@@ -213,7 +214,7 @@ def test_prewarm_preset_orchestration(monkeypatch):
     assert all(e[0] == "resolve" for e in events[:len(resolved)]) and first_launch > len(resolved)
     assert [e for e in events if e[0] == "mla"] == [("mla", 32, "fp8_ds_mla")]
     assert [e[1] for e in events if e[0] == "indexer"] == list(bundle.indexer) and len(bundle.indexer) == 4
-    assert all(c.num_heads == 32 and c.max_batched == 16 and c.max_width == 4096 for c in bundle.indexer)
+    assert all(c.num_heads == 32 and c.max_rows == 16 and c.max_width == 4096 for c in bundle.indexer)
     assert [e for e in events if e[0] == "dcp"] == [("dcp", 2, 8, 1, "group")]
     assert events[-1] == "sync"
     n = len(events)
@@ -250,7 +251,7 @@ def test_v4_preset_is_the_whole_bundle(name):
     want += [IndexerTopKSpec(num_heads=64, compress_ratio=4, k=2048, with_scores=s, arch="sm_90a") for s in (False, True)]
     want.append(DcpSpec(arch="sm_90a"))
     assert set(p.specs(("sm_90a",))) == set(want)
-    b = preset_bundle(name, arch="sm_90a", num_sms=132, max_batched=64)
+    b = preset_bundle(name, arch="sm_90a", num_sms=132, max_rows=64)
     assert set(b.specs()) == set(want)
 
 

@@ -13,7 +13,7 @@ H, ROWS, W = 16, 3, 128
 
 @pytest.fixture(scope="module")
 def plan():
-    return sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8, arch="sm_90a", num_sms=132))
+    return sm.plan(sm.Caps(num_heads=H, topk=256, max_rows=8, arch="sm_90a", num_sms=132))
 
 
 def _inputs(rows=ROWS, width=W):
@@ -38,7 +38,7 @@ def test_bind_makes_views_of_scratch(plan):
     (lambda d: d.update(q=d["q"].float()), r"q: expected dtype torch.bfloat16, got torch.float32"),
     (lambda d: d.update(q=torch.randn(ROWS, 32, 576).bfloat16()), r"q: expected shape \(\*, 16, 576\), got \(3, 32, 576\)"),
     (lambda d: d.update(q=torch.randn(ROWS, 576, H).bfloat16().transpose(1, 2)), r"q: expected a contiguous tensor"),
-    (lambda d: d.update(q=torch.randn(9, H, 576).bfloat16()), r"q: expected at most Caps.max_batched=8 rows, got 9"),
+    (lambda d: d.update(q=torch.randn(9, H, 576).bfloat16()), r"q: expected at most Caps.max_rows=8 rows, got 9"),
     (lambda d: d.update(indices=d["indices"].long()), r"indices: expected dtype torch.int32, got torch.int64"),
     (lambda d: d.update(indices=d["indices"][:2]), r"indices: expected shape \(3, \*\), got \(2, 128\)"),
     (lambda d: d.update(indices=torch.zeros(ROWS, 100, dtype=torch.int32)), r"multiple of 64 in \[64, 256\], got 100"),
@@ -110,7 +110,8 @@ def test_run_rejects_bad_scalars_and_sink(plan):
 def test_caps_errors_name_the_field():
     with pytest.raises(SpecError, match="SparseMLASpec.num_heads: got 24"):
         sm.plan(sm.Caps(num_heads=24, arch="sm_90a", num_sms=132))
-    with pytest.raises(InputError, match="Caps.max_batched: expected an int >= 1, got 0"):
+    with pytest.raises(InputError, match="Caps.max_batched: expected an int >= 1, got 0"), \
+            pytest.warns(DeprecationWarning, match="max_batched"):   # the old name, spelled back
         sm.plan(sm.Caps(num_heads=16, max_batched=0, arch="sm_90a", num_sms=132))
 
 
@@ -239,7 +240,7 @@ def test_scratch_covers_every_width_and_row_count_of_a_two_list_plan():
 
 
 def test_extend_plan_and_routing():
-    p = sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8192, mode="extend", arch="sm_90a", num_sms=132))
+    p = sm.plan(sm.Caps(num_heads=H, topk=256, max_rows=8192, mode="extend", arch="sm_90a", num_sms=132))
     assert set(p.regions) == {"out", "lse", "num_rows"}  # no per-split partials: extend writes out directly
     assert p.scratch_bytes() < 8192 * H * 512 * 2 + 8192 * H * 4 + 1024
     b = sm.bind(p, scratch=torch.empty(p.scratch_bytes(), dtype=torch.uint8), **_inputs())
@@ -247,7 +248,7 @@ def test_extend_plan_and_routing():
     with pytest.raises(InputError, match="plan: expected a Caps\\(mode='decode'\\) plan for run_decode, got mode='extend'"):
         sm.run_decode(b, kv_cache=torch.zeros(2, 64, 656, dtype=torch.uint8), sm_scale=0.1)
     with pytest.raises(InputError, match="num_rows: only extend plans"):
-        dec = sm.plan(sm.Caps(num_heads=H, topk=256, max_batched=8, arch="sm_90a", num_sms=132))
+        dec = sm.plan(sm.Caps(num_heads=H, topk=256, max_rows=8, arch="sm_90a", num_sms=132))
         sm.bind(dec, scratch=torch.empty(dec.scratch_bytes(), dtype=torch.uint8), **_inputs(),
                 num_rows=torch.ones(1, dtype=torch.int32))
     assert sm.route(64, 1, num_heads=128, num_sms=132) == "decode"
@@ -261,9 +262,9 @@ def test_extend_plan_and_routing():
     (32, "bf16", False), (16, "bf16", False),   # extend tiles bf16 at 16/32 heads differently
 ])
 def test_which_decode_plans_hand_one_split_rows_to_the_extend_kernel(heads, fmt, whole_row):
-    p = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_batched=8, arch="sm_90a", num_sms=132))
+    p = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_rows=8, arch="sm_90a", num_sms=132))
     assert p.whole_row is whole_row
-    ext = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_batched=8, mode="extend", arch="sm_90a", num_sms=132))
+    ext = sm.plan(sm.Caps(num_heads=heads, kv_format=fmt, max_rows=8, mode="extend", arch="sm_90a", num_sms=132))
     assert ext.head_blocks == -(-heads // 64)    # 16/32 heads: one block, native or 64 rows wide
 
 
@@ -271,7 +272,7 @@ def test_combine_kernel_by_split_count():
     """Up to COMBINE_FEW_SPLITS splits run the 34-register combine (grids of many CTAs), more run
     the one that loads every split before the weights; small batches get the latter."""
     assert [sm.combine_entry(s) for s in (2, 3, 4, 5, 8, 16, 32)] == ["combine"] * 3 + ["combine_many_splits"] * 4
-    p = sm.plan(sm.Caps(num_heads=128, kv_format="fp8_ds_mla", max_batched=128, arch="sm_90a", num_sms=132))
+    p = sm.plan(sm.Caps(num_heads=128, kv_format="fp8_ds_mla", max_rows=128, arch="sm_90a", num_sms=132))
     assert sm.combine_entry(p.splits(4, 2048)[0]) == "combine_many_splits"
     assert sm.combine_entry(p.splits(32, 2048)[0]) == "combine"
 
