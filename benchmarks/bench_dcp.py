@@ -54,7 +54,7 @@ def bench_local() -> list[dict]:
     real = dcp._all_gather_into
     res = []
     for rows in ROWS:
-        p = dcp.plan(dcp.DcpCaps(k=K, world=W, interleave=1, max_rows=rows))
+        p = dcp.plan(dcp.DcpCaps(topk=K, world=W, interleave=1, max_rows=rows))
         scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
         sets = [_inputs(rows, g) for _ in range(SETS)]
         outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in sets]
@@ -89,7 +89,7 @@ def _nccl_worker(rank: int, init: str, out: str) -> None:
     g = torch.Generator(device="cuda").manual_seed(rank)
     res = []
     for rows in ROWS:
-        p = dcp.plan(dcp.DcpCaps(k=K, world=W, interleave=1, max_rows=rows))
+        p = dcp.plan(dcp.DcpCaps(topk=K, world=W, interleave=1, max_rows=rows))
         scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
         ids, scores = _inputs(rows, g)
         o = torch.empty(rows, K, dtype=torch.int32, device="cuda")
