@@ -1,4 +1,4 @@
-"""Device facts the planner needs: target arch and SM count (queried at plan time, never in run)."""
+"""Device facts the planner needs: target arch, SM count and L2 size (queried at plan time, never in run)."""
 from __future__ import annotations
 
 import torch
@@ -18,3 +18,14 @@ def device_arch(device: torch.device | int | None = None) -> str:
 
 def num_sms(device: torch.device | int | None = None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# What a plan made without a device (Caps(arch=..., num_sms=...)) assumes: the H100's and H200's L2.
+DEFAULT_L2_BYTES = 50 * 2**20
+
+
+def l2_bytes(device: torch.device | int | None = None) -> int:
+    """The L2 cache of the device; DEFAULT_L2_BYTES where no CUDA device is present."""
+    if not torch.cuda.is_available():
+        return DEFAULT_L2_BYTES
+    return torch.cuda.get_device_properties(device).L2_cache_size

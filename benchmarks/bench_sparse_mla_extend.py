@@ -1,6 +1,7 @@
 """Sparse MLA extend (prefill chunks): b12x vs FlashMLA's SM90 sparse prefill, side by side.
 
     python benchmarks/bench_sparse_mla_extend.py [--json out.json] [--skv 131072] [--sq 4096] [--heads 16,32] [--no-fp8]
+        [--no-peer]
 
 Grid: cache s_kv {32768, 131072} tokens x s_q {512, 4096} x heads {8, 16, 32, 64, 128} x top-k
 2048, random indices per row. FlashMLA's `flash_mla_sparse_fwd` runs bf16 KV with 64 or 128 heads
@@ -50,6 +51,7 @@ def main() -> int:
     ap.add_argument("--sq", default="512,4096", help="query rows per call, comma-separated")
     ap.add_argument("--heads", default="8,16,32,64,128", help="head counts, comma-separated")
     ap.add_argument("--no-fp8", action="store_true", help="skip the fp8-KV column")
+    ap.add_argument("--no-peer", action="store_true", help="skip FlashMLA (A/B runs of our kernels)")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}  flashmla: {flashmla.unavailable_reason() or 'available'}")
@@ -70,7 +72,7 @@ def main() -> int:
         r["ours_bf16_us"] = bench_ours(sets, heads, "bf16", pools["bf16"])
         r["ours_fp8_us"] = None if args.no_fp8 else bench_ours(sets, heads, "fp8_ds_mla", pools["fp8_ds_mla"])
         r["peer_bf16_us"] = r["peer_dequant_us"] = r["peer_fp8_total_us"] = r["ratio_fp8"] = None
-        if flashmla.available():
+        if flashmla.available() and not args.no_peer:
             flat = pools["bf16"].view(-1, 576)
             r["peer_bf16_us"] = time_rotated([flashmla.prefill_bf16(q, flat, idx, 576 ** -0.5)
                                               for q, idx, _ in sets], replays=10)

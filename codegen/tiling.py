@@ -95,6 +95,12 @@ def _smem_bytes(d_qk: int, record_bytes: int, head_block: int, tile_tokens: int,
     return q + kv + p + raw + small + 512
 
 
+# Extend calls of at least this many rows over a form that sorts its rows (sort_rows) put each
+# row's entries in cache order first: below it the rows are MTP or small-chunk rows of different
+# requests, which share no cache, and the order kernel's launch would be all cost.
+ORDER_MIN_ROWS = 256
+
+
 def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode", *, d_qk: int,
                   record_bytes: int, v_in_rope: bool = False) -> dict:
     """Tile parameters for the sparse MLA kernels (decode split and extend share the template).
@@ -215,7 +221,11 @@ def decode_tiling(num_heads: int, kv_format: str, arch: str, mode: str = "decode
     assert smem <= _SMEM_LIMIT[arch], (smem, arch)
     ctas_per_sm = max(1, (_SMEM_LIMIT[arch] + 1024) // (smem + 1024))
     warp_group = arch == "sm_90a" and mode == "decode" and num_heads == 8 and kv_format == "fp8_ds_mla"
+    # bf16 extend at 8-32 heads is bound by its gather: each row's entries in cache order first
+    # (cute_blocks/sparse_mla/order.py), so the rows' tiles sweep the cache together
+    sort_rows = mode == "extend" and heads_as_n and not fp8 and stages == 1
     return {
+        "sort_rows": sort_rows,
         "warp_group": warp_group,
         "warp_group_min_rows": WARP_GROUP_MIN_ROWS if warp_group else 0,
         "warp_group_ctas_per_sm": WARP_GROUP_CTAS_PER_SM,

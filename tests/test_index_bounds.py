@@ -92,6 +92,12 @@ def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
     for name, body in consumers.items():
         assert "self.live_slot(" in body, f"{name} turns an index into an address or bias without live_slot"
     assert "rIdx[m] >= 0" not in src and "slot_idx >= 0" not in src and "if slot >= 0" not in src
+    if "IndexOrder" in src:
+        # the locality pass (extend at 8-32 heads, bf16) copies a row's entries in sorted order; it
+        # never turns one into an address, and the attention kernel reads its copy through index_at
+        order = (ROOT / "codegen/cute_blocks/sparse_mla/order.py").read_text()
+        for call in ("row_address(", "gmem_vec(", "write_bias(", "mKV"):
+            assert call not in order, f"the locality pass addresses the cache ({call})"
 
 
 def test_dcp_filter_reads_the_block_table_only_behind_its_bound():

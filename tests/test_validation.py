@@ -241,7 +241,8 @@ def test_scratch_covers_every_width_and_row_count_of_a_two_list_plan():
 
 def test_extend_plan_and_routing():
     p = sm.plan(sm.Caps(num_heads=H, topk=256, max_rows=8192, mode="extend", arch="sm_90a", num_sms=132))
-    assert set(p.regions) == {"out", "lse", "num_rows"}  # no per-split partials: extend writes out directly
+    # no per-split partials: extend writes out directly; fp8 KV keeps the caller's order
+    assert set(p.regions) == {"out", "lse", "num_rows"}
     assert p.scratch_bytes() < 8192 * H * 512 * 2 + 8192 * H * 4 + 1024
     b = sm.bind(p, scratch=torch.empty(p.scratch_bytes(), dtype=torch.uint8), **_inputs())
     assert b.owns_num_rows and b.num_rows.shape == (1,)  # run_extend fills it; bind only makes views
@@ -254,6 +255,25 @@ def test_extend_plan_and_routing():
     assert sm.route(64, 1, num_heads=128, num_sms=132) == "decode"
     assert sm.route(4096, 4, num_heads=16, num_sms=132) == "extend"
     assert sm.route(8, 3, num_heads=16, num_sms=132) == "decode"  # too few rows to fill the GPU
+
+
+def test_extend_sort_rows_plan_and_bind():
+    """bf16 extend at 8-32 heads (the heads-as-N one-stage form, codegen.tiling sort_rows) holds a
+    copy of the rows in cache order in its scratch; other forms hold none."""
+    def caps(heads, fmt="bf16"):
+        return sm.Caps(num_heads=heads, topk=2048, kv_format=fmt, max_rows=512, mode="extend", arch="sm_90a",
+                       num_sms=132)
+    for heads in (8, 16, 32):
+        p = sm.plan(caps(heads))
+        assert p.sort_rows and p.regions["ordered"].nbytes == 512 * 2048 * 4 and p.l2_bytes > 0
+        q = torch.zeros(300, heads, 576, dtype=torch.bfloat16)
+        b = sm.bind(p, scratch=torch.empty(p.scratch_bytes(), dtype=torch.uint8), q=q,
+                    indices=torch.zeros(300, 1024, dtype=torch.int32), lengths=torch.zeros(300, dtype=torch.int32))
+        assert b.ordered.shape == (300, 1024)
+    for heads, fmt in ((64, "bf16"), (128, "bf16"), (8, "fp8_ds_mla"), (32, "fp8_ds_mla")):
+        p = sm.plan(caps(heads, fmt))
+        assert not p.sort_rows and "ordered" not in p.regions
+    assert sm.ORDER_MIN_ROWS == 256
 
 
 @pytest.mark.parametrize("heads,fmt,whole_row", [

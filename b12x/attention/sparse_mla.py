@@ -23,14 +23,14 @@ import torch
 
 from codegen.cute_blocks.sparse_mla.kv_layout import kv_record
 from codegen.specs import SPARSE_MLA_HEAD_DIMS, SparseMLASpec
-from codegen.tiling import (COMBINE_FEW_SPLITS, HEADS_N_BF16_WHOLE_ROW_COST, MAX_SPLITS,  # noqa: F401
+from codegen.tiling import (COMBINE_FEW_SPLITS, HEADS_N_BF16_WHOLE_ROW_COST, MAX_SPLITS, ORDER_MIN_ROWS,  # noqa: F401
                             PRODUCER_WHOLE_ROW_COST, REGISTER_SM_SHARE,
                             WARP_GROUP_SM_SHARE)
 
 from .. import registry
 from .. import scratch as _scratch
 from ..plan import Plan, module_bind, renamed_fields, spelled
-from ..device import device_arch, num_sms as device_num_sms
+from ..device import device_arch, l2_bytes, num_sms as device_num_sms
 from ..errors import InputError
 from ..reference import PAGE
 from ..validate import check_cuda_anchor, check_tensor, require
@@ -147,6 +147,10 @@ class SparseMLAPlan(Plan):
     # on warp_group_ctas_per_sm CTAs an SM and no short-split rule (codegen.tiling.WARP_GROUP_MIN_ROWS)
     warp_group_min_rows: int = 0
     warp_group_ctas_per_sm: int = 1
+    # extend (bf16 at 8-32 heads): calls of ORDER_MIN_ROWS rows or more over a cache larger than
+    # L2 put each row's entries in cache order first (the "order" kernel, into the scratch)
+    sort_rows: bool = False
+    l2_bytes: int = 0
 
     @property
     def head_blocks(self) -> int:
@@ -239,6 +243,7 @@ def plan(caps: Caps) -> SparseMLAPlan:
     h, rows, d_v = caps.num_heads, caps.max_rows, caps.v_head_dim
     layout = [("out", torch.bfloat16, rows * h * d_v), ("lse", torch.float32, rows * h)]
     widest_splits = ()
+    sort_rows = False
     if caps.mode == "decode":
         # The most partial rows any row count up to max_rows can need (splits shrink as rows grow).
         head_blocks = -(-h // head_block)
@@ -260,9 +265,13 @@ def plan(caps: Caps) -> SparseMLAPlan:
         require(caps.max_splits == 0, f"Caps.max_splits: expected 0 for an extend plan (one CTA per row), "
                                       f"got {caps.max_splits!r}")
         layout.append(("num_rows", torch.int32, 1))  # live row count when the caller gives none
+        sort_rows = tile["sort_rows"]
+        if sort_rows:
+            layout.append(("ordered", torch.int32, rows * caps.topk))   # the rows in cache order
     return SparseMLAPlan(caps=caps, regions=_scratch.layout(layout), spec=spec, num_sms=sms, head_block=head_block,
                          ctas_per_sm=ctas_per_sm, sm_share=share, whole_row_cost=whole_cost, whole_row=whole_row,
-                         widest_splits=widest_splits, warp_group_min_rows=wg_rows, warp_group_ctas_per_sm=wg_ctas)
+                         widest_splits=widest_splits, warp_group_min_rows=wg_rows, warp_group_ctas_per_sm=wg_ctas,
+                         sort_rows=sort_rows, l2_bytes=l2_bytes() if sort_rows else 0)
 
 
 @dataclass(frozen=True)
@@ -278,6 +287,7 @@ class Binding:
     tokens_per_split: int
     num_rows: Optional[torch.Tensor] = None  # extend: [1] int32 live rows (capacity-sized grid)
     owns_num_rows: bool = False              # extend: num_rows is scratch that run_extend fills
+    ordered: Optional[torch.Tensor] = None   # extend plans that sort: [rows, width] int32, the rows in cache order
     extra_indices: Optional[torch.Tensor] = None   # plans with an extra list (Caps.extra_topk)
     extra_lengths: Optional[torch.Tensor] = None
 
@@ -335,7 +345,8 @@ def _bind(plan: SparseMLAPlan, scratch: torch.Tensor, q: torch.Tensor, indices: 
         if own:  # run_extend writes q's row count here before the launch
             num_rows = _scratch.view(scratch, plan.regions["num_rows"], (1,))
         check_tensor("num_rows", num_rows, dtype=torch.int32, shape=(1,), device=dev, align=4)
-        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own, **extra)
+        ordered = _scratch.view(scratch, plan.regions["ordered"], (rows, width)) if plan.sort_rows else None
+        return Binding(plan, q, indices, lengths, out, lse, None, None, width, num_rows, own, ordered, **extra)
     require(num_rows is None, "num_rows: only extend plans (Caps.mode='extend') take a live row count, got a tensor")
     if num_splits is None:
         splits, tps = plan.splits(rows, width)
@@ -435,8 +446,15 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
         return binding.out, binding.lse
     if binding.owns_num_rows:
         binding.num_rows.fill_(binding.q.shape[0])  # a device-side fill: no host sync, graph-capturable
-    _launch_whole_rows(binding.plan.kernels, binding, binding.lists(kv_cache, extra_kv_cache), sm_scale, attn_sink,
-                       lse_base, binding.num_rows)
+    lists = binding.lists(kv_cache, extra_kv_cache)
+    p = binding.plan
+    if (binding.ordered is not None and binding.q.shape[0] >= ORDER_MIN_ROWS
+            and kv_cache.numel() * kv_cache.element_size() > p.l2_bytes):
+        # each row's entries in cache order first: the rows' tiles then sweep the cache together,
+        # and a cache beyond L2 is read from HBM about once instead of once per row's tile
+        p.kernels["order"](binding.indices, binding.lengths, binding.ordered, binding.num_rows, 1)
+        lists = (kv_cache, binding.ordered) + lists[2:]
+    _launch_whole_rows(p.kernels, binding, lists, sm_scale, attn_sink, lse_base, binding.num_rows)
     return binding.out, binding.lse
 
 

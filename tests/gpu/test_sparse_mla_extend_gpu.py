@@ -1,4 +1,5 @@
 """Sparse MLA extend (prefill chunks, MTP verify): many query rows, each with its own indices."""
+import dataclasses
 import math
 
 import pytest
@@ -123,3 +124,92 @@ def test_extend_matches_decode():
     d = run_ours(case, "fp8_ds_mla", mode="decode")
     e = run_ours(case, "fp8_ds_mla", mode="extend")
     torch.testing.assert_close(d[0].float(), e[0].float(), atol=2e-2, rtol=2e-2)
+
+
+BIG = 1100     # cache blocks: 81 MB of bf16 records, beyond L2, where run_extend sorts the rows
+
+
+def _sorted_rows(indices, lengths):
+    """What the order kernel writes: the first `length` entries of each row ascending as unsigned
+    words (-1 and other negative ids last), -1 past them."""
+    width = indices.shape[1]
+    n = lengths.clamp(0, width).long()
+    live = torch.arange(width, device=indices.device)[None, :] < n[:, None]
+    key = torch.where(live, indices.long() & 0xFFFFFFFF, torch.full_like(indices, -1).long() & 0xFFFFFFFF)
+    out = torch.sort(key, dim=1).values
+    out = torch.where(live, out, torch.full_like(out, 0xFFFFFFFF))
+    return (out.where(out < 2**31, out - 2**32)).to(torch.int32)
+
+
+@pytest.mark.parametrize("heads", (8, 16, 32))
+@pytest.mark.parametrize("width", (1344, 2048))
+def test_rows_in_cache_order(heads, width):
+    """bf16 extend at 8-32 heads with ORDER_MIN_ROWS rows or more over a cache beyond L2 sorts each
+    row's entries into the scratch (the "order" kernel) before the attention kernel reads them,
+    with every edge case the kernel masks: -1 and other negative ids, ids past the cache, lengths
+    of 0, under the width and past it, all-invalid rows, duplicates. The same call with the sort
+    off (a plan that takes the cache for L2-resident) gives the same result up to the sum order."""
+    rows = sm.ORDER_MIN_ROWS + 44
+    case = random_case(rows, heads, width, "bf16", seed=heads + width, blocks=BIG, invalid_frac=0.2)
+    g = torch.Generator(device="cuda").manual_seed(width)
+    case.indices[torch.rand(case.indices.shape, device="cuda", generator=g) < 0.05] = BIG * 64 + 7  # past the cache
+    case.indices[:, 5] = -7
+    case.lengths[0] = 0
+    case.lengths[1] = width + 999
+    case.lengths[2] = 1
+    case.indices[3] = -1
+    case.indices[4, :300] = case.indices[4, 300]
+    case.lengths[5] = 65
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=rows, mode="extend"))
+    assert p.sort_rows and case.kv.numel() * 2 > p.l2_bytes
+    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+    out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    idx = case.indices.clone()
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=idx, lengths=case.lengths, out=out, lse=lse)
+    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    torch.cuda.synchronize()
+    assert torch.equal(idx, case.indices), "the caller's indices were written"
+    assert torch.equal(b.ordered, _sorted_rows(case.indices, case.lengths))
+    check(case, out, lse)
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)
+    unsorted = dataclasses.replace(p, l2_bytes=2**62)
+    given, _ = sm.run_extend(sm.bind(unsorted, scratch=torch.empty_like(scratch), q=case.q, indices=case.indices,
+                                     lengths=case.lengths), kv_cache=case.kv, sm_scale=case.sm_scale)
+    torch.testing.assert_close(out.float(), given.float(), atol=2e-3 * given.float().abs().max().item(), rtol=1e-2)
+
+
+@pytest.mark.parametrize("heads", (8, 32))
+def test_rows_in_cache_order_capacity_graph(heads):
+    """The order kernel inside a captured graph over a capacity grid: no allocation, rows past the
+    live count untouched, fresh indices copied in before each replay."""
+    cap = 400
+    case = random_case(cap, heads, 2048, "bf16", seed=heads, blocks=BIG)
+    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=cap, mode="extend"))
+    assert p.sort_rows
+    scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+    out = torch.full((cap, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((cap, heads), float("nan"), device="cuda")
+    live = torch.tensor([cap], dtype=torch.int32, device="cuda")
+    idx = case.indices.clone()
+    b = sm.bind(p, scratch=scratch, q=case.q, indices=idx, lengths=case.lengths, out=out, lse=lse, num_rows=live)
+    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    fresh = random_case(cap, heads, 2048, "bf16", seed=heads + 99, blocks=16)
+    fresh = Case(case.q, case.kv, case.kv_ref, fresh.indices * (BIG // 16), fresh.lengths, case.sm_scale)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for n in (300, 257):
+        idx.copy_(fresh.indices)
+        case.lengths.copy_(fresh.lengths)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        live.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+        check(_slice(fresh, n), out[:n], lse[:n])
+        assert out[n:].isnan().all() and lse[n:].isnan().all()
