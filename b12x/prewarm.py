@@ -143,6 +143,9 @@ def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: to
         q, idx, lengths, kv, bind_extra, run_extra = _warm_inputs(p, rows, device)
         b = p.bind(scratch, q=q, indices=idx, lengths=lengths, **bind_extra)
         run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5, **run_extra)
+        if b.ordered is not None and rows >= sparse_mla.ORDER_MIN_ROWS:
+            # the locality pass runs only over caches beyond L2, which the warm-up's is not
+            p.kernels["order"](b.indices, b.lengths, b.ordered, b.num_rows, 1)
 
 
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,

@@ -194,20 +194,25 @@ def test_rows_in_cache_order_capacity_graph(heads):
     live = torch.tensor([cap], dtype=torch.int32, device="cuda")
     idx = case.indices.clone()
     b = sm.bind(p, scratch=scratch, q=case.q, indices=idx, lengths=case.lengths, out=out, lse=lse, num_rows=live)
+    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)    # lazy load before the counts
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
     sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated, "run_extend allocated"
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
     fresh = random_case(cap, heads, 2048, "bf16", seed=heads + 99, blocks=16)
     fresh = Case(case.q, case.kv, case.kv_ref, fresh.indices * (BIG // 16), fresh.lengths, case.sm_scale)
-    torch.cuda.synchronize()
-    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
     for n in (300, 257):
         idx.copy_(fresh.indices)
         case.lengths.copy_(fresh.lengths)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         live.fill_(n)
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
         graph.replay()
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
