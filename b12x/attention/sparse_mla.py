@@ -450,8 +450,8 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     p = binding.plan
     if (binding.ordered is not None and binding.q.shape[0] >= ORDER_MIN_ROWS
             and kv_cache.numel() * kv_cache.element_size() > p.l2_bytes):
-        # each row's entries in cache order first: the rows' tiles then sweep the cache together,
-        # and a cache beyond L2 is read from HBM about once instead of once per row's tile
+        # each row's entries in cache order first: the rows' tiles then sweep the cache together
+        # and share what L2 holds of it (docs/notes/extend.md, "Rows in cache order")
         p.kernels["order"](binding.indices, binding.lengths, binding.ordered, binding.num_rows, 1)
         lists = (kv_cache, binding.ordered) + lists[2:]
     _launch_whole_rows(p.kernels, binding, lists, sm_scale, attn_sink, lse_base, binding.num_rows)
