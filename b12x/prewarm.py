@@ -145,7 +145,7 @@ def _warm_sparse_mla_plan(p: sparse_mla.SparseMLAPlan, max_rows: int, device: to
         run(b, kv_cache=kv, sm_scale=p.caps.q_head_dim ** -0.5, **run_extra)
         if b.ordered is not None and rows >= sparse_mla.ORDER_MIN_ROWS:
             # the locality pass runs only over caches beyond L2, which the warm-up's is not
-            p.kernels["order"](b.indices, b.lengths, b.ordered, b.num_rows, 1)
+            sparse_mla.order_rows(b)
 
 
 def prewarm_indexer(caps, *, device: torch.device | str | None = None, scratch: torch.Tensor | None = None,

@@ -447,15 +447,20 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
     if binding.owns_num_rows:
         binding.num_rows.fill_(binding.q.shape[0])  # a device-side fill: no host sync, graph-capturable
     lists = binding.lists(kv_cache, extra_kv_cache)
-    p = binding.plan
     if (binding.ordered is not None and binding.q.shape[0] >= ORDER_MIN_ROWS
-            and kv_cache.numel() * kv_cache.element_size() > p.l2_bytes):
+            and kv_cache.numel() * kv_cache.element_size() > binding.plan.l2_bytes):
         # each row's entries in cache order first: the rows' tiles then sweep the cache together
         # and share what L2 holds of it (docs/notes/extend.md, "Rows in cache order")
-        p.kernels["order"](binding.indices, binding.lengths, binding.ordered, binding.num_rows, 1)
+        order_rows(binding)
         lists = (kv_cache, binding.ordered) + lists[2:]
-    _launch_whole_rows(p.kernels, binding, lists, sm_scale, attn_sink, lse_base, binding.num_rows)
+    _launch_whole_rows(binding.plan.kernels, binding, lists, sm_scale, attn_sink, lse_base, binding.num_rows)
     return binding.out, binding.lse
+
+
+def order_rows(binding: Binding) -> None:
+    """The "order" kernel of an extend plan that sorts (plan.sort_rows): each row's first
+    `lengths` entries into binding.ordered in ascending slot order, -1 past them."""
+    binding.plan.kernels["order"](binding.indices, binding.lengths, binding.ordered, binding.num_rows, 1)
 
 
 def _launch_whole_rows(kernels: registry.LoadedKernels, binding: Binding, lists: tuple, sm_scale: float,
