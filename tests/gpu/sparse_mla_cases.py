@@ -93,3 +93,13 @@ def check(case: Case, out, lse, *, sink=None, lse_base="e"):
     return rel
 
 
+
+
+def assert_no_allocation(fn, what: str) -> None:
+    """Run fn once more, between synchronizes, with the caching allocator's allocation count
+    unchanged (fn already ran once, so lazy module loads are behind it)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    fn()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, f"{what} allocated"

@@ -9,7 +9,7 @@ import torch
 
 from b12x.attention import sparse_mla as sm
 
-from .sparse_mla_cases import Case, check, random_case, run_ours
+from .sparse_mla_cases import Case, assert_no_allocation, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
@@ -117,24 +117,18 @@ def _capture_and_replay(case, fresh, kv_format):
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
     b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out)
-    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # lazy module load before capture
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_decode allocated"
+    run = lambda: sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
+    run()  # lazy module load before capture
+    assert_no_allocation(run, "run_decode")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+        run()
     # new inputs in place, then replay
     case.q.copy_(fresh.q)
     case.indices.copy_(fresh.indices)
     case.lengths.copy_(fresh.lengths)
     out.fill_(float("nan"))
-    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+    assert_no_allocation(graph.replay, "the replay")
     check(Case(case.q, case.kv, case.kv_ref, case.indices, case.lengths), out, b.lse)
 
 

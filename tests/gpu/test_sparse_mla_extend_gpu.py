@@ -7,7 +7,7 @@ import torch
 
 from b12x.attention import sparse_mla as sm
 
-from .sparse_mla_cases import Case, check, random_case, run_ours
+from .sparse_mla_cases import Case, assert_no_allocation, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
@@ -90,23 +90,17 @@ def test_capacity_grid_graph_capture_without_allocation(kv_format, heads):
     live = torch.tensor([cap], dtype=torch.int32, device="cuda")
     b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse,
                 num_rows=live)
-    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # lazy load before capture
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run_extend allocated"
+    run = lambda: sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
+    run()  # lazy load before capture
+    assert_no_allocation(run, "run_extend")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
-    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+        run()
     # replay with fewer live rows: rows past the count are left alone
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
     live.fill_(20)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+    assert_no_allocation(graph.replay, "the replay")
     check(_slice(case, 20), out[:20], lse[:20])
     assert out[20:].isnan().all() and lse[20:].isnan().all()
 
@@ -135,10 +129,11 @@ def _sorted_rows(indices, lengths):
     width = indices.shape[1]
     n = lengths.clamp(0, width).long()
     live = torch.arange(width, device=indices.device)[None, :] < n[:, None]
-    key = torch.where(live, indices.long() & 0xFFFFFFFF, torch.full_like(indices, -1).long() & 0xFFFFFFFF)
+    # past `length` the key is the largest word, so after the sort every position past `length`
+    # holds it too (a row has at most `length` smaller keys)
+    key = torch.where(live, indices.long() & 0xFFFFFFFF, 0xFFFFFFFF)
     out = torch.sort(key, dim=1).values
-    out = torch.where(live, out, torch.full_like(out, 0xFFFFFFFF))
-    return (out.where(out < 2**31, out - 2**32)).to(torch.int32)
+    return out.where(out < 2**31, out - 2**32).to(torch.int32)
 
 
 @pytest.mark.parametrize("heads", (8, 16, 32))
@@ -194,15 +189,12 @@ def test_rows_in_cache_order_capacity_graph(heads):
     live = torch.tensor([cap], dtype=torch.int32, device="cuda")
     idx = case.indices.clone()
     b = sm.bind(p, scratch=scratch, q=case.q, indices=idx, lengths=case.lengths, out=out, lse=lse, num_rows=live)
-    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)    # lazy load before the counts
-    torch.cuda.synchronize()
-    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
-    sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated, "run_extend allocated"
+    run = lambda: sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
+    run()  # lazy load before the counts
+    assert_no_allocation(run, "run_extend")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+        run()
     fresh = random_case(cap, heads, 2048, "bf16", seed=heads + 99, blocks=16)
     fresh = Case(case.q, case.kv, case.kv_ref, fresh.indices * (BIG // 16), fresh.lengths, case.sm_scale)
     for n in (300, 257):
@@ -211,10 +203,6 @@ def test_rows_in_cache_order_capacity_graph(heads):
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         live.fill_(n)
-        torch.cuda.synchronize()
-        allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+        assert_no_allocation(graph.replay, "the replay")
         check(_slice(fresh, n), out[:n], lse[:n])
         assert out[n:].isnan().all() and lse[n:].isnan().all()
