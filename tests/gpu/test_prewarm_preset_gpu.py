@@ -140,3 +140,32 @@ def test_dcp_kernels_frozen(frozen_bundle, world, rank, interleave):
         for r in range(rows):
             assert set(out[r].tolist()) == set(top[r].tolist())
             torch.testing.assert_close(out_s[r].cpu(), full[r, out[r].cpu().long()])
+
+
+def test_bf16_extend_rows_in_cache_order_after_freeze():
+    """The seam an engine crosses with a bf16 bundle: prewarm_preset, freeze, then an extend chunk
+    of ORDER_MIN_ROWS rows or more over a cache beyond L2, which takes the order kernel before the
+    attention kernel. Nothing resolves after the freeze, and the result matches the reference."""
+    from b12x.attention import sparse_mla as sm
+
+    from .test_sparse_mla_extend_gpu import BIG, _sorted_rows
+
+    rows = sm.ORDER_MIN_ROWS + 20
+    bundle = prewarm_preset("deepseek-v3.2-tp8-bf16", max_rows=rows, max_width=4096)
+    freeze()
+    try:
+        loaded = set(registry.loaded_specs())
+        case = random_case(rows, HEADS, 2048, "bf16", seed=123, blocks=BIG, invalid_frac=0.1)
+        p = sm.plan(sm.Caps(num_heads=HEADS, topk=2048, kv_format="bf16", max_rows=rows, mode="extend"))
+        assert p.sort_rows and case.kv.numel() * case.kv.element_size() > p.l2_bytes
+        scratch = torch.full((bundle.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
+        out = torch.full((rows, HEADS, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((rows, HEADS), float("nan"), device="cuda")
+        b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse)
+        sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
+        torch.cuda.synchronize()
+        assert set(registry.loaded_specs()) == loaded
+        assert torch.equal(b.ordered, _sorted_rows(case.indices, case.lengths)), "the order kernel did not run"
+        check(case, out, lse)
+    finally:
+        unfreeze()
