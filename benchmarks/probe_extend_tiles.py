@@ -7,7 +7,9 @@ to separate a per-CTA fixed cost (Q, the pipeline's fill, the epilogue) from the
 Every row of a call has the same length L (tiles = L / 64), so each CTA (one row, one 64-head
 block) runs the same work; rows = 4 x SMs per head block (four full waves at one CTA an SM).
 Random indices over a 32K-token cache, 2 rotated input sets, CUDA-graph replays, median. Prints
-µs per call, µs per wave, and a least-squares fit wave = fixed + per_tile x tiles per format."""
+µs per call, µs per wave, and a least-squares fit wave = fixed + per_tile x tiles per format.
+`--formats ...,flashmla` adds FlashMLA's sparse prefill on the bf16 cache (index rows L wide:
+it takes no per-row length; L a multiple of 128), the same split for the peer."""
 from __future__ import annotations
 
 import argparse
@@ -29,11 +31,31 @@ SKV = 32768
 SETS = 2
 
 
+def peer_waves(heads, rows, lengths, pool, g) -> list[dict]:
+    """FlashMLA's flash_mla_sparse_fwd on the bf16 pool, index rows exactly L wide."""
+    from benchmarks.peers import flashmla
+
+    flat = pool.view(-1, 576)
+    out = []
+    for L in (x for x in lengths if x % flashmla.PREFILL_TOPK_ALIGN == 0):
+        calls = []
+        for _ in range(SETS):
+            q = torch.randn(rows, heads, 576, device="cuda", generator=g).bfloat16()
+            idx = torch.randint(0, SKV, (rows, L), device="cuda", generator=g, dtype=torch.int32)
+            calls.append(flashmla.prefill_bf16(q, flat, idx, 576 ** -0.5))
+        us = time_rotated(calls, replays=20)
+        r = {"heads": heads, "format": "flashmla", "rows": rows, "length": L, "tiles": L // 64, "us": us,
+             "wave_us": us / 4}
+        print(json.dumps(r), flush=True)
+        out.append(r)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", default="64,128")
     ap.add_argument("--lengths", default="64,128,256,512,1024,2048")
-    ap.add_argument("--formats", default="bf16,fp8_ds_mla,model1_fp8")
+    ap.add_argument("--formats", default="bf16,fp8_ds_mla,model1_fp8", help="and flashmla: the peer on bf16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -45,6 +67,9 @@ def main() -> int:
     for heads in (int(h) for h in args.heads.split(",")):
         rows = 4 * sms // max(1, heads // 64)
         for fmt in args.formats.split(","):
+            if fmt == "flashmla":
+                results += peer_waves(heads, rows, lengths, pools["bf16"], g)
+                continue
             v4 = fmt == "model1_fp8"
             dim = V4_DIM if v4 else 576
             width = 512 if v4 else 2048
