@@ -1,0 +1,84 @@
+"""Probe: bf16 extend over one sequence's pages inside an engine-sized pool (docs/notes/extend.md,
+"Rows in cache order").
+
+    python benchmarks/probe_extend_pool.py [--skv 32768,131072] [--pool-blocks 16384] [--sq 512,4096]
+
+run_extend sorts each row's entries (the order kernel) when the cache tensor it is given is larger
+than L2. An engine passes its whole pool, so a call sorts even when the sequence's own pages (its
+working set) fit L2. This times the same calls three ways: over a cache of the sequence alone
+(what the extend bench runs), over the sequence's pages scattered at random blocks of a larger
+pool with the sort (the product's choice there), and the same without it (a plan that takes the
+cache for L2-resident). Random top-k 2048 a row, two rotated input sets, CUDA-graph replays,
+median µs."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from b12x.attention import sparse_mla as sm  # noqa: E402
+from benchmarks.bench_sparse_mla_decode import make_pool  # noqa: E402
+from benchmarks.bench_sparse_mla_extend import TOPK  # noqa: E402
+from benchmarks.timing import time_rotated  # noqa: E402
+
+
+def timed(sets, heads, pool, *, sort: bool) -> float:
+    rows = sets[0][0].shape[0]
+    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format="bf16", max_rows=rows, mode="extend"))
+    if not sort:
+        p = dataclasses.replace(p, l2_bytes=2**62)
+    scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
+    calls = []
+    for q, idx, lengths in sets:
+        out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
+        b = sm.bind(p, scratch=scratch, q=q, indices=idx, lengths=lengths, out=out)
+        calls.append(lambda b=b: sm.run_extend(b, kv_cache=pool, sm_scale=576 ** -0.5))
+    return time_rotated(calls, replays=10)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--skv", default="32768,131072")
+    ap.add_argument("--pool-blocks", type=int, default=16384, help="pool size in 64-token blocks (16384: 1M tokens)")
+    ap.add_argument("--sq", default="512,4096")
+    ap.add_argument("--heads", default="8,16,32")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}")
+    pool = make_pool("bf16", args.pool_blocks, g)
+    results = []
+    for skv in map(int, args.skv.split(",")):
+        blocks = skv // 64
+        alone = make_pool("bf16", blocks, g)
+        where = torch.randperm(args.pool_blocks, device="cuda", generator=g)[:blocks]
+        for s_q in map(int, args.sq.split(",")):
+            for heads in map(int, args.heads.split(",")):
+                seq = [(torch.randn(s_q, heads, 576, device="cuda", generator=g).bfloat16(),
+                        torch.randint(0, skv, (s_q, TOPK), device="cuda", generator=g, dtype=torch.int32),
+                        torch.full((s_q,), TOPK, device="cuda", dtype=torch.int32)) for _ in range(2)]
+                in_pool = [(q, (where[idx // 64] * 64 + idx % 64).to(torch.int32), n) for q, idx, n in seq]
+                r = {"skv": skv, "pool_tokens": args.pool_blocks * 64, "s_q": s_q, "heads": heads,
+                     "alone_us": timed(seq, heads, alone, sort=True),
+                     "pool_sorted_us": timed(in_pool, heads, pool, sort=True),
+                     "pool_unsorted_us": timed(in_pool, heads, pool, sort=False)}
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    print(f"\n{'s_kv':>7} {'s_q':>5} {'H':>3} | {'alone':>8} {'pool sort':>10} {'pool no sort':>13} | sort / no sort")
+    for r in results:
+        print(f"{r['skv']:>7} {r['s_q']:>5} {r['heads']:>3} | {r['alone_us']:8.1f} {r['pool_sorted_us']:10.1f} "
+              f"{r['pool_unsorted_us']:13.1f} | {r['pool_sorted_us'] / r['pool_unsorted_us']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
