@@ -148,7 +148,7 @@ def test_bf16_extend_rows_in_cache_order_after_freeze():
     attention kernel. Nothing resolves after the freeze, and the result matches the reference."""
     from b12x.attention import sparse_mla as sm
 
-    from .test_sparse_mla_extend_gpu import BIG, _sorted_rows
+    from .test_sparse_mla_extend_gpu import BIG, _ordered_rows
 
     rows = sm.ORDER_MIN_ROWS + 20
     bundle = prewarm_preset("deepseek-v3.2-tp8-bf16", max_rows=rows, max_width=4096)
@@ -165,7 +165,7 @@ def test_bf16_extend_rows_in_cache_order_after_freeze():
         sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
         torch.cuda.synchronize()
         assert set(registry.loaded_specs()) == loaded
-        assert torch.equal(b.ordered, _sorted_rows(case.indices, case.lengths)), "the order kernel did not run"
+        assert torch.equal(b.ordered, _ordered_rows(case.indices, case.lengths)), "the order kernel did not run"
         check(case, out, lse)
     finally:
         unfreeze()

@@ -123,17 +123,26 @@ def test_extend_matches_decode():
 BIG = 1100     # cache blocks: 81 MB of bf16 records, beyond L2, where run_extend sorts the rows
 
 
-def _sorted_rows(indices, lengths):
-    """What the order kernel writes: the first `length` entries of each row ascending as unsigned
-    words (-1 and other negative ids last), -1 past them."""
+def _ordered_rows(indices, lengths):
+    """What the order kernel writes: the first `length` entries of each row stably by bucket (the
+    row's live range [lo, hi] of non-negative ids cut at 2^shift ids a bucket, at most 128 buckets;
+    -1 and other negative ids last), -1 past them."""
     width = indices.shape[1]
     n = lengths.clamp(0, width).long()
+    idx = indices.long()
     live = torch.arange(width, device=indices.device)[None, :] < n[:, None]
-    # past `length` the key is the largest word, so after the sort every position past `length`
-    # holds it too (a row has at most `length` smaller keys)
-    key = torch.where(live, indices.long() & 0xFFFFFFFF, 0xFFFFFFFF)
-    out = torch.sort(key, dim=1).values
-    return out.where(out < 2**31, out - 2**32).to(torch.int32)
+    valid = live & (idx >= 0)
+    big = torch.iinfo(torch.int64).max
+    lo = torch.where(valid, idx, big).min(dim=1).values
+    hi = torch.where(valid, idx, -1).max(dim=1).values
+    span = (hi - lo).clamp(min=0)
+    bits = torch.stack([(span >> k) > 0 for k in range(32)]).sum(dim=0)
+    shift = (bits - 7).clamp(min=0)
+    bucket = torch.where(valid, (idx - lo[:, None]) >> shift[:, None], 255)
+    bucket = torch.where(live, bucket, 256)
+    order = torch.sort(bucket, dim=1, stable=True).indices
+    out = torch.gather(indices, 1, order)
+    return out.masked_fill(~live, -1)
 
 
 @pytest.mark.parametrize("heads", (8, 16, 32))
@@ -165,7 +174,7 @@ def test_rows_in_cache_order(heads, width):
     sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)
     torch.cuda.synchronize()
     assert torch.equal(idx, case.indices), "the caller's indices were written"
-    assert torch.equal(b.ordered, _sorted_rows(case.indices, case.lengths))
+    assert torch.equal(b.ordered, _ordered_rows(case.indices, case.lengths))
     check(case, out, lse)
     assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)
     assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)

@@ -6,11 +6,16 @@ ascending slot order, tile j of every row reads about the j-th band of that cach
 that run together read nearby bands, which come from HBM about once for all of them instead of
 once per row (docs/notes/extend.md, "Rows in cache order").
 
-One CTA sorts one row: the first `length` entries, as unsigned words, so -1 and every other
-negative id sort last, past the live slots, where the attention kernel masks them as it masks
-ids past the cache; the entries past `length` are written as -1. A bitonic network over the row
-padded to a power of two (padding: 0xFFFFFFFF, sorted past the row's entries) in shared memory.
-The order is a function of the values only, so the pass is deterministic."""
+One CTA orders one row, stably by bucket: the row's live range [lo, hi] (its smallest and largest
+non-negative ids among the first `length` entries) cut into at most 128 buckets of 2^shift ids,
+and -1 and every other negative id in a last bucket, where the attention kernel masks them as it
+masks ids past the cache; the entries past `length` are written as -1. Bucket order is all the
+locality needs (a 64-entry tile of a 2048-entry row spans 2-4 buckets, 1/32 of the range, as a
+full sort's tile does), and a counting sort costs a few hundred instructions a thread where a
+bitonic network over the row cost ~4000. Each warp takes a contiguous segment of the row; the
+counts are [bucket, warp] in shared memory, their bucket-major exclusive sum gives each (bucket,
+warp) its first place, and inside a warp `match.any` ranks the lanes of a bucket in lane order,
+so the order is a function of the values only and the pass is deterministic."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
@@ -18,6 +23,11 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 ORDER_THREADS = 256
+ORDER_WARPS = ORDER_THREADS // 32
+BUCKETS = ORDER_THREADS   # counters a warp: thread t sums bucket t in the scan
+BUCKET_BITS = 7           # the live range in at most 2^7 buckets, ids in it at 2^shift a bucket
+INVALID = BUCKETS - 1     # negative ids, after every live bucket
+NOT_LIVE = BUCKETS        # entries past `length` (take no part; a match key no bucket has)
 
 
 @dsl_user_op
@@ -28,17 +38,12 @@ def st_global_cs_u32(addr, value, *, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-def _stages(n: int) -> tuple:
-    """(k, j) of each compare-exchange stage of a bitonic sort of n (a power of two) values."""
-    out = []
-    k = 2
-    while k <= n:
-        j = k // 2
-        while j >= 1:
-            out.append((k, j))
-            j //= 2
-        k *= 2
-    return tuple(out)
+@cute.jit
+def bucket_of(v: Int32, lo: Int32, shift: Uint32) -> Int32:
+    b = Int32(INVALID)
+    if v >= 0:
+        b = Int32(Uint32(v - lo) >> shift)
+    return b
 
 
 class IndexOrder:
@@ -47,8 +52,9 @@ class IndexOrder:
     and whether to read it."""
 
     def __init__(self, width_cap: int):
-        self.n = max(2 * ORDER_THREADS, 1 << (width_cap - 1).bit_length())
-        self.stages = _stages(self.n)
+        self.per_thread = max(1, -(-width_cap // ORDER_THREADS))   # entries a lane holds
+        self.seg = 32 * self.per_thread                            # a warp's contiguous segment
+        self.n = ORDER_WARPS * self.seg
 
     @cute.jit
     def __call__(self, mEntries: cute.Tensor, mLen: cute.Tensor, mOut: cute.Tensor, mNumRows: cute.Tensor,
@@ -61,52 +67,119 @@ class IndexOrder:
                has_num_rows: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
         smem = cutlass.utils.SmemAllocator()
-        sV = smem.allocate_tensor(Uint32, cute.make_layout(self.n), byte_alignment=16)
+        sOut = smem.allocate_tensor(Int32, cute.make_layout(self.n), byte_alignment=16)
+        sCount = smem.allocate_tensor(Int32, cute.make_layout(BUCKETS * ORDER_WARPS), byte_alignment=16)
+        sWarp = smem.allocate_tensor(Int32, cute.make_layout(3 * ORDER_WARPS), byte_alignment=16)
         cute.arch.griddepcontrol_wait()
         # the attention kernel after this one waits for the whole grid before it reads the copy
         cute.arch.griddepcontrol_launch_dependents()
+        width = mEntries.shape[1]
         live_rows = cute.size(mEntries.shape[0])
         if has_num_rows != 0:
             live_rows = mNumRows[0]
-        if row < live_rows:
-            width = mEntries.shape[1]
-            length = cutlass.min(cutlass.max(mLen[row], 0), width)
-            for i in cutlass.range_constexpr(self.n // ORDER_THREADS):
-                p = tidx + i * ORDER_THREADS
-                v = Uint32(0xFFFFFFFF)
+        if width > 0:
+            # every load issued before any is used (row count, length and the segment at clamped,
+            # in-row positions): one memory latency, not one after the other
+            raw_length = mLen[row]
+            first = warp * self.seg + lane
+            vals = cute.make_rmem_tensor((self.per_thread,), Int32)
+            for i in cutlass.range_constexpr(self.per_thread):
+                vals[i] = mEntries[row, cutlass.min(first + 32 * i, width - 1)]
+            if row < live_rows:
+                self.order_row(mOut, vals, row, width, cutlass.min(cutlass.max(raw_length, 0), width), first,
+                               warp, lane, sOut, sCount, sWarp)
+
+    @cute.jit
+    def order_row(self, mOut: cute.Tensor, vals, row: Int32, width: Int32, length: Int32, first: Int32,
+                  warp: Int32, lane: Int32, sOut, sCount, sWarp):
+        """One row's counting sort, its entries in `vals` (this lane's positions first + 32 i)."""
+        tidx = warp * 32 + lane
+        lo = Int32(0x7FFFFFFF)
+        hi = Int32(-1)
+        for i in cutlass.range_constexpr(self.per_thread):
+            v = vals[i]
+            if first + 32 * i >= length:
+                v = Int32(-1)
+            vals[i] = v
+            if v >= 0:
+                lo = cutlass.min(lo, v)
+                hi = cutlass.max(hi, v)
+        for i in cutlass.range_constexpr(BUCKETS * ORDER_WARPS // ORDER_THREADS):
+            sCount[tidx + i * ORDER_THREADS] = Int32(0)
+        lo = cute.arch.warp_redux_sync(lo, "min")
+        hi = cute.arch.warp_redux_sync(hi, "max")
+        if lane == 0:
+            sWarp[warp] = lo
+            sWarp[ORDER_WARPS + warp] = hi
+        cute.arch.sync_threads()
+        for w in cutlass.range_constexpr(ORDER_WARPS):
+            lo = cutlass.min(lo, sWarp[w])
+            hi = cutlass.max(hi, sWarp[ORDER_WARPS + w])
+        span = Uint32(cutlass.max(hi - lo, 0))               # 0 when no id is live
+        shift = Uint32(cutlass.max(Int32(32 - BUCKET_BITS) - Int32(cute.arch.clz(span)), 0))
+        # counts per (bucket, warp); bucket-major, so a bucket's warps sit together
+        for i in cutlass.range_constexpr(self.per_thread):
+            if first + 32 * i < length:
+                b = bucket_of(vals[i], lo, shift)
+                cute.arch.atomic_add((sCount.iterator + b * ORDER_WARPS + warp).llvm_ptr, Int32(1))
+        cute.arch.sync_threads()
+        # thread t owns bucket t: its warps' counts become their first places
+        mine = Int32(0)
+        for w in cutlass.range_constexpr(ORDER_WARPS):
+            mine = mine + sCount[tidx * ORDER_WARPS + w]
+        place = self.exclusive_sum(mine, sWarp, warp, lane)
+        for w in cutlass.range_constexpr(ORDER_WARPS):
+            c = sCount[tidx * ORDER_WARPS + w]
+            sCount[tidx * ORDER_WARPS + w] = place
+            place = place + c
+        cute.arch.sync_threads()
+        # each warp places its segment 32 entries at a time, in lane order inside a bucket
+        below = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        for i in cutlass.range_constexpr(self.per_thread):
+            live = first + 32 * i < length
+            b = Int32(NOT_LIVE)
+            if live:
+                b = bucket_of(vals[i], lo, shift)
+            peers = cute.arch.match_sync(Uint32(0xFFFFFFFF), b, "any")
+            rank = Int32(cute.arch.popc(peers & below))
+            if live:
+                at = sCount[b * ORDER_WARPS + warp]
+                sOut[at + rank] = vals[i]
+            cute.arch.sync_warp()
+            if live and rank == 0:
+                sCount[b * ORDER_WARPS + warp] = sCount[b * ORDER_WARPS + warp] + Int32(cute.arch.popc(peers))
+            cute.arch.sync_warp()
+        cute.arch.sync_threads()
+        # streaming stores: the copy is read once, by the attention kernel, and should not
+        # displace the lines of the cache it gathers from
+        out_row = mOut[row, None].iterator.toint()
+        for i in cutlass.range_constexpr(self.n // ORDER_THREADS):
+            p = tidx + i * ORDER_THREADS
+            if p < width:
+                slot = Int32(-1)
                 if p < length:
-                    v = Uint32(mEntries[row, p])
-                sV[p] = v
-            cute.arch.sync_threads()
-            for s in cutlass.range_constexpr(len(self.stages)):
-                k, j = self.stages[s]
-                for i in cutlass.range_constexpr(self.n // 2 // ORDER_THREADS):
-                    pair = tidx + i * ORDER_THREADS
-                    a = (pair // j) * (2 * j) + pair % j        # j a power of two: shifts and masks
-                    b = a + j
-                    va = sV[a]
-                    vb = sV[b]
-                    lo = cutlass.min(va, vb)
-                    hi = cutlass.max(va, vb)
-                    first = lo                    # ascending runs where (a & k) == 0
-                    second = hi
-                    if (a & k) != 0:
-                        first = hi
-                        second = lo
-                    sV[a] = first
-                    sV[b] = second
-                cute.arch.sync_threads()
-            # streaming stores: the copy is read once, by the attention kernel, and should not
-            # displace the lines of the cache it gathers from
-            out_row = mOut[row, None].iterator.toint()
-            for i in cutlass.range_constexpr(self.n // ORDER_THREADS):
-                p = tidx + i * ORDER_THREADS
-                if p < width:
-                    slot = Uint32(0xFFFFFFFF)
-                    if p < length:
-                        slot = sV[p]
-                    st_global_cs_u32(out_row + Int64(p) * 4, slot)
+                    slot = sOut[p]
+                st_global_cs_u32(out_row + Int64(p) * 4, Uint32(slot))
+
+    @cute.jit
+    def exclusive_sum(self, v: Int32, sWarp, warp: Int32, lane: Int32) -> Int32:
+        """Exclusive prefix sum of v over the CTA in thread order (sWarp[2 W : 3 W] as scratch)."""
+        incl = v
+        for s in cutlass.range_constexpr(5):
+            o = cute.arch.shuffle_sync_up(incl, offset=1 << s)
+            if lane >= (1 << s):
+                incl = incl + o
+        if lane == 31:
+            sWarp[2 * ORDER_WARPS + warp] = incl
+        cute.arch.sync_threads()
+        before = Int32(0)
+        for w in cutlass.range_constexpr(ORDER_WARPS):
+            if w < warp:
+                before = before + sWarp[2 * ORDER_WARPS + w]
+        return before + incl - v
 
 
 def order_fakes():
