@@ -145,12 +145,12 @@ def _ordered_rows(indices, lengths):
     return out.masked_fill(~live, -1)
 
 
-@pytest.mark.parametrize("heads", (8, 16, 32))
-@pytest.mark.parametrize("width", (1344, 2048))
-def test_rows_in_cache_order(heads, width):
-    """bf16 extend at 8-32 heads with ORDER_MIN_ROWS rows or more over a cache beyond L2 sorts each
-    row's entries into the scratch (the "order" kernel) before the attention kernel reads them,
-    with every edge case the kernel masks: -1 and other negative ids, ids past the cache, lengths
+@pytest.mark.parametrize("heads,width,cap", [(h, w, 2048) for h in (8, 16, 32) for w in (1344, 2048)]
+                         + [(16, 4992, 8192), (16, 8192, 8192)])
+def test_rows_in_cache_order(heads, width, cap):
+    """bf16 extend at 8-32 heads with ORDER_MIN_ROWS rows or more over a cache beyond L2 puts each
+    row's entries in cache order in the scratch (the "order" kernel) before the attention kernel
+    reads them, with every edge case the kernel masks: -1 and other negative ids, ids past the cache, lengths
     of 0, under the width and past it, all-invalid rows, duplicates. The same call with the sort
     off (a plan that takes the cache for L2-resident) gives the same result up to the sum order."""
     rows = sm.ORDER_MIN_ROWS + 44
@@ -164,7 +164,7 @@ def test_rows_in_cache_order(heads, width):
     case.indices[3] = -1
     case.indices[4, :300] = case.indices[4, 300]
     case.lengths[5] = 65
-    p = sm.plan(sm.Caps(num_heads=heads, topk=2048, kv_format="bf16", max_rows=rows, mode="extend"))
+    p = sm.plan(sm.Caps(num_heads=heads, topk=cap, kv_format="bf16", max_rows=rows, mode="extend"))
     assert p.sort_rows and case.kv.numel() * 2 > p.l2_bytes
     scratch = torch.full((p.scratch_bytes(),), 0xFF, dtype=torch.uint8, device="cuda")
     out = torch.full((rows, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")

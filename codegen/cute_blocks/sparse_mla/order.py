@@ -14,8 +14,8 @@ locality needs (a 64-entry tile of a 2048-entry row spans 2-4 buckets, 1/32 of t
 full sort's tile does), and a counting sort costs a few hundred instructions a thread where a
 bitonic network over the row cost ~4000. Each warp takes a contiguous segment of the row; the
 counts are [bucket, warp] in shared memory, their bucket-major exclusive sum gives each (bucket,
-warp) its first place, and inside a warp `match.any` ranks the lanes of a bucket in lane order,
-so the order is a function of the values only and the pass is deterministic."""
+warp) its first place, and inside a warp ballots rank the lanes of a bucket in lane order, so
+the order is a function of the values only and the pass is deterministic."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
@@ -27,7 +27,8 @@ ORDER_WARPS = ORDER_THREADS // 32
 BUCKETS = ORDER_THREADS   # counters a warp: thread t sums bucket t in the scan
 BUCKET_BITS = 7           # the live range in at most 2^7 buckets, ids in it at 2^shift a bucket
 INVALID = BUCKETS - 1     # negative ids, after every live bucket
-NOT_LIVE = BUCKETS        # entries past `length` (take no part; a match key no bucket has)
+NOT_LIVE = BUCKETS        # entries past `length` (take no part; a key no bucket has)
+KEY_BITS = 9              # the bits of a key, NOT_LIVE included
 
 
 @dsl_user_op
@@ -136,22 +137,31 @@ class IndexOrder:
             sCount[tidx * ORDER_WARPS + w] = place
             place = place + c
         cute.arch.sync_threads()
-        # each warp places its segment 32 entries at a time, in lane order inside a bucket
+        # each warp places its segment 32 entries at a time, in lane order inside a bucket: the
+        # lanes of a bucket found by ballots on its bits, the group's lowest lane takes the
+        # group's places from the (bucket, warp) counter (one lane an address, so the order of
+        # the atomics is program order) and hands the first to the others. Nothing a round
+        # computes feeds the next round's registers.
         below = (Uint32(1) << Uint32(lane)) - Uint32(1)
         for i in cutlass.range_constexpr(self.per_thread):
             live = first + 32 * i < length
             b = Int32(NOT_LIVE)
             if live:
                 b = bucket_of(vals[i], lo, shift)
-            peers = cute.arch.match_sync(Uint32(0xFFFFFFFF), b, "any")
-            rank = Int32(cute.arch.popc(peers & below))
+            peers = Uint32(0xFFFFFFFF)
+            for k in cutlass.range_constexpr(KEY_BITS):
+                bit = (Uint32(b) >> Uint32(k)) & Uint32(1)
+                ones = Uint32(cute.arch.vote_ballot_sync(bit != Uint32(0)))
+                peers = peers & ~(ones ^ (Uint32(0) - bit))       # the lanes whose bit k is ours
+            before = peers & below
+            lead = Int32(31) - Int32(cute.arch.clz(peers & (Uint32(0) - peers)))   # lowest lane
+            at = Int32(0)
+            if live and before == Uint32(0):
+                at = cute.arch.atomic_add((sCount.iterator + b * ORDER_WARPS + warp).llvm_ptr,
+                                          Int32(cute.arch.popc(peers)))
+            at = cute.arch.shuffle_sync(at, lead)
             if live:
-                at = sCount[b * ORDER_WARPS + warp]
-                sOut[at + rank] = vals[i]
-            cute.arch.sync_warp()
-            if live and rank == 0:
-                sCount[b * ORDER_WARPS + warp] = sCount[b * ORDER_WARPS + warp] + Int32(cute.arch.popc(peers))
-            cute.arch.sync_warp()
+                sOut[at + Int32(cute.arch.popc(before))] = vals[i]
         cute.arch.sync_threads()
         # streaming stores: the copy is read once, by the attention kernel, and should not
         # displace the lines of the cache it gathers from
