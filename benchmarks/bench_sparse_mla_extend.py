@@ -32,9 +32,11 @@ SETS = 2
 RECORD = {"fp8_ds_mla": 656, "bf16": 1152}
 
 
-def bench_ours(sets, heads, kv_format, pool):
+def bench_ours(sets, heads, kv_format, pool, plan=None):
+    """Median µs of run_extend over the rotated sets; `plan` (default: the Caps' plan) lets a
+    probe time a variant of it."""
     rows = sets[0][0].shape[0]
-    p = sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_rows=rows, mode="extend"))
+    p = plan or sm.plan(sm.Caps(num_heads=heads, topk=TOPK, kv_format=kv_format, max_rows=rows, mode="extend"))
     scratch = torch.empty(p.scratch_bytes(), dtype=torch.uint8, device="cuda")
     calls = []
     for q, idx, lengths in sets:

@@ -93,7 +93,7 @@ def test_sparse_mla_reads_indices_only_behind_the_cache_bound(spec):
         assert "self.live_slot(" in body, f"{name} turns an index into an address or bias without live_slot"
     assert "rIdx[m] >= 0" not in src and "slot_idx >= 0" not in src and "if slot >= 0" not in src
     if "IndexOrder" in src:
-        # the locality pass (extend at 8-32 heads, bf16) copies a row's entries in sorted order; it
+        # the locality pass (extend at 8-32 heads, bf16) copies a row's entries in cache order; it
         # never turns one into an address, and the attention kernel reads its copy through index_at
         order = (ROOT / "codegen/cute_blocks/sparse_mla/order.py").read_text()
         for call in ("row_address(", "gmem_vec(", "write_bias(", "mKV"):

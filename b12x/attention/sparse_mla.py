@@ -459,7 +459,8 @@ def run_extend(binding: Binding, *, kv_cache: torch.Tensor, sm_scale: float,
 
 def order_rows(binding: Binding) -> None:
     """The "order" kernel of an extend plan that sorts (plan.sort_rows): each row's first
-    `lengths` entries into binding.ordered in ascending slot order, -1 past them."""
+    `lengths` entries into binding.ordered in cache order (a stable counting sort by bucket of
+    the row's slot range, codegen/cute_blocks/sparse_mla/order.py), -1 past them."""
     binding.plan.kernels["order"](binding.indices, binding.lengths, binding.ordered, binding.num_rows, 1)
 
 

@@ -93,8 +93,6 @@ def check(case: Case, out, lse, *, sink=None, lse_base="e"):
     return rel
 
 
-
-
 def assert_no_allocation(fn, what: str) -> None:
     """Run fn once more, between synchronizes, with the caching allocator's allocation count
     unchanged (fn already ran once, so lazy module loads are behind it)."""
@@ -103,3 +101,13 @@ def assert_no_allocation(fn, what: str) -> None:
     fn()
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, f"{what} allocated"
+
+
+def capture_allocation_free(run, what: str) -> torch.cuda.CUDAGraph:
+    """run once (lazy module loads), once more allocating nothing, then captured into a graph."""
+    run()
+    assert_no_allocation(run, what)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph

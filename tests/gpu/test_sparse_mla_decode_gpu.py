@@ -9,7 +9,7 @@ import torch
 
 from b12x.attention import sparse_mla as sm
 
-from .sparse_mla_cases import Case, assert_no_allocation, check, random_case, run_ours
+from .sparse_mla_cases import Case, assert_no_allocation, capture_allocation_free, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
@@ -118,11 +118,7 @@ def _capture_and_replay(case, fresh, kv_format):
     out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
     b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out)
     run = lambda: sm.run_decode(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
-    run()  # lazy module load before capture
-    assert_no_allocation(run, "run_decode")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_allocation_free(run, "run_decode")
     # new inputs in place, then replay
     case.q.copy_(fresh.q)
     case.indices.copy_(fresh.indices)

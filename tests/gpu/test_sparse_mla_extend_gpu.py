@@ -7,7 +7,7 @@ import torch
 
 from b12x.attention import sparse_mla as sm
 
-from .sparse_mla_cases import Case, assert_no_allocation, check, random_case, run_ours
+from .sparse_mla_cases import Case, assert_no_allocation, capture_allocation_free, check, random_case, run_ours
 
 pytestmark = pytest.mark.gpu
 
@@ -91,11 +91,7 @@ def test_capacity_grid_graph_capture_without_allocation(kv_format, heads):
     b = sm.bind(p, scratch=scratch, q=case.q, indices=case.indices, lengths=case.lengths, out=out, lse=lse,
                 num_rows=live)
     run = lambda: sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
-    run()  # lazy load before capture
-    assert_no_allocation(run, "run_extend")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_allocation_free(run, "run_extend")
     # replay with fewer live rows: rows past the count are left alone
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
@@ -199,11 +195,7 @@ def test_rows_in_cache_order_capacity_graph(heads):
     idx = case.indices.clone()
     b = sm.bind(p, scratch=scratch, q=case.q, indices=idx, lengths=case.lengths, out=out, lse=lse, num_rows=live)
     run = lambda: sm.run_extend(b, kv_cache=case.kv, sm_scale=case.sm_scale)  # noqa: E731
-    run()  # lazy load before the counts
-    assert_no_allocation(run, "run_extend")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_allocation_free(run, "run_extend")
     fresh = random_case(cap, heads, 2048, "bf16", seed=heads + 99, blocks=16)
     fresh = Case(case.q, case.kv, case.kv_ref, fresh.indices * (BIG // 16), fresh.lengths, case.sm_scale)
     for n in (300, 257):

@@ -10,6 +10,8 @@ from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from ..scan import block_exclusive_sum
+
 # Scores become order-preserving u32 keys (flip all bits of negatives, the sign bit of the rest),
 # so "larger score" is "larger key". Three histogram passes over 11/11/10-bit digits find the
 # threshold key T and how many of the keys equal to T are still needed; one more pass writes the
@@ -168,21 +170,9 @@ class RadixSelectMixin:
 
     @cute.jit
     def block_exclusive_sum(self, v: Int32, sState, tidx: Int32, warp: Int32, lane: Int32) -> Int32:
-        """Exclusive prefix sum of v over the CTA in thread order (sState[0:num_warps] as scratch)."""
-        incl = v
-        for s in cutlass.range_constexpr(5):
-            o = cute.arch.shuffle_sync_up(incl, offset=1 << s)
-            if lane >= (1 << s):
-                incl = incl + o
-        cute.arch.sync_threads()       # sState may still be read by a previous scan
-        if lane == 31:
-            sState[warp] = incl
-        cute.arch.sync_threads()
-        before = Int32(0)
-        for w in cutlass.range_constexpr(self.num_warps):
-            if w < warp:
-                before = before + sState[w]
-        return before + incl - v
+        """Exclusive prefix sum of v over the CTA in thread order (sState[0:num_warps] as scratch,
+        which a previous scan may still be reading)."""
+        return block_exclusive_sum(v, sState, warp, lane, self.num_warps, True)
 
     @cute.jit
     def emit_winners(self, sKeys, sPos, has_pos: cutlass.Constexpr, raw: cutlass.Constexpr, prefix0: Uint32,

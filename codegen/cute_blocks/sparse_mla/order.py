@@ -22,6 +22,8 @@ from cutlass import Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
+from ..scan import block_exclusive_sum
+
 ORDER_THREADS = 256
 ORDER_WARPS = ORDER_THREADS // 32
 BUCKETS = ORDER_THREADS   # counters a warp: thread t sums bucket t in the scan
@@ -131,7 +133,8 @@ class IndexOrder:
         mine = Int32(0)
         for w in cutlass.range_constexpr(ORDER_WARPS):
             mine = mine + sCount[tidx * ORDER_WARPS + w]
-        place = self.exclusive_sum(mine, sWarp, warp, lane)
+        sSums = cute.make_tensor(sWarp.iterator + 2 * ORDER_WARPS, cute.make_layout(ORDER_WARPS))
+        place = block_exclusive_sum(mine, sSums, warp, lane, ORDER_WARPS, False)
         for w in cutlass.range_constexpr(ORDER_WARPS):
             c = sCount[tidx * ORDER_WARPS + w]
             sCount[tidx * ORDER_WARPS + w] = place
@@ -173,24 +176,6 @@ class IndexOrder:
                 if p < length:
                     slot = sOut[p]
                 st_global_cs_u32(out_row + Int64(p) * 4, Uint32(slot))
-
-    @cute.jit
-    def exclusive_sum(self, v: Int32, sWarp, warp: Int32, lane: Int32) -> Int32:
-        """Exclusive prefix sum of v over the CTA in thread order (sWarp[2 W : 3 W] as scratch)."""
-        incl = v
-        for s in cutlass.range_constexpr(5):
-            o = cute.arch.shuffle_sync_up(incl, offset=1 << s)
-            if lane >= (1 << s):
-                incl = incl + o
-        if lane == 31:
-            sWarp[2 * ORDER_WARPS + warp] = incl
-        cute.arch.sync_threads()
-        before = Int32(0)
-        for w in cutlass.range_constexpr(ORDER_WARPS):
-            if w < warp:
-                before = before + sWarp[2 * ORDER_WARPS + w]
-        return before + incl - v
-
 
 def order_fakes():
     """The locality pass's arguments: indices, lengths, the ordered copy, the row count, the flag."""
