@@ -53,6 +53,9 @@ def test_loops_skip_waits_and_retry_stubs():
               "BRA `(.L_x_1)"])                                   # 36 -> 1, across EXIT
     labels = {".L_x_1": 1, ".L_x_2": 3}
     assert sass_loops.loops(ins, labels) == [(3, 33)]
+    # a producer's loop, left by a predicated EXIT and closed by an unconditional branch
+    producer = ["LDG.E R1, desc[UR4][R2.64]"] * 30 + ["@!P0 EXIT", "BRA `(.L_x_3)"]
+    assert sass_loops.loops(["MOV R0, RZ"] + producer, {".L_x_3": 1}) == [(1, 32)]
     c = sass_loops.counts(ins[3:34])
     assert c["FFMA"] == 30 and c["BRA"] == 1
     assert sass_loops.sequence(["HGMMA.64x64x16.F32.BF16 R0, gdesc[UR4], R0"] * 3 + ["IADD3 R1, R1, 1, RZ"]

@@ -8,11 +8,11 @@ compiled library side by side, on a machine without a GPU.
 
 A peer's library (FlashMLA's `_C_legacy.abi3.so`, or the wheel that holds it) carries its cubins in
 fatbin entries, compressed with zstd by recent nvcc; they are unpacked with the `zstd` command.
-`--kernel` keeps the kernels whose mangled name contains SUBSTR. A loop is a backward branch over
-at least 24 instructions that holds no EXIT (shorter ones are mbarrier and spin waits; the jumps
-back from the retry stubs nvcc places after EXIT are not loops). Counts are static: a branch
-inside a loop counts both of its sides. docs/notes/extend.md ("FlashMLA's SASS beside ours") is
-what this was written for."""
+`--kernel` keeps the kernels whose mangled name contains SUBSTR. A loop is a backward branch
+over at least 24 instructions (shorter ones are mbarrier and spin waits); an unconditional jump
+back across an unconditional EXIT is the return of a retry stub nvcc places after the kernel's
+end, not a loop. Counts are static: a branch inside a loop counts both of its sides.
+docs/notes/extend.md ("FlashMLA's SASS beside ours") is what this was written for."""
 from __future__ import annotations
 
 import argparse
@@ -103,8 +103,12 @@ def loops(ins: list[str], labels: dict[str, int], min_len: int = 24) -> list[tup
     for i, text in enumerate(ins):
         target = re.search(r"\((\.L_x_\d+)\)", text) if opcode(text).startswith("BRA") else None
         start = labels.get(target.group(1), i + 1) if target else i + 1
-        # A jump back out of a wait's retry stub (placed after the kernel's EXIT) is no loop.
-        if start <= i - min_len and not any(opcode(t) in ("EXIT", "RET") for t in ins[start:i]):
+        # An unconditional jump back across an unconditional EXIT is the return of a wait's retry
+        # stub (nvcc places those after the kernel's end), not a loop. A loop may hold a
+        # predicated EXIT (a producer leaving when its rows run out) or be left by a predicated
+        # back edge.
+        stub = not text.startswith("@") and any(t in ("EXIT", "RET") for t in ins[start:i])
+        if start <= i - min_len and not stub:
             found.append((start, i))
     return sorted(set(found))
 
