@@ -38,31 +38,50 @@ def artifacts(cache: str) -> dict[str, str]:
     return out
 
 
-def sass(so_path: str, tool: str) -> dict[str, list[str]]:
-    """Kernel function -> its SASS instructions, from every cubin embedded in the .so."""
-    data = open(so_path, "rb").read()
-    funcs: dict[str, list[str]] = {}
+def embedded_cubins(data: bytes) -> list[bytes]:
+    """The uncompressed ELF cubins a b12x kernel.so embeds (the .so itself skipped)."""
+    return [data[m.start():] for m in re.finditer(rb"\x7fELF", data) if m.start()]
+
+
+def disassemble(cubins: list[bytes], tool: str) -> dict[str, tuple[list[str], dict[str, int]]]:
+    """Kernel function -> (its SASS instructions, addresses and encodings dropped; label ->
+    instruction index), from each cubin nvdisasm reads (other blobs are skipped)."""
+    kernels = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, m in enumerate(re.finditer(rb"\x7fELF", data)):
-            if m.start() == 0:
-                continue                        # the .so itself
+        for i, blob in enumerate(cubins):
             path = os.path.join(tmp, f"{i}.cubin")
             with open(path, "wb") as f:
-                f.write(data[m.start():])
+                f.write(blob)
             r = subprocess.run([tool, "-c", path], capture_output=True, text=True)
             if r.returncode:
                 continue                        # not a cubin (or trailing bytes nvdisasm refuses)
-            cur = None
+            cur, labels, pending = None, {}, []
             for line in r.stdout.splitlines():
                 head = re.match(r"\s*\.text\.(\S+):", line)
                 if head:
-                    cur = head.group(1)
-                    funcs[cur] = []
-                elif cur and "/*" in line:
-                    ins = re.sub(r"/\*[0-9a-f]{4}\*/", "", line).split(";")[0].strip()
-                    if ins:
-                        funcs[cur].append(ins)
-    return funcs
+                    cur, labels, pending = [], {}, []
+                    kernels[head.group(1)] = (cur, labels)
+                    continue
+                if cur is None:
+                    continue
+                label = re.match(r"\s*(\.L_x_\d+):", line)
+                if label:
+                    pending.append(label.group(1))
+                    continue
+                ins = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+                if ins:
+                    for name in pending:
+                        labels[name] = len(cur)
+                    pending = []
+                    cur.append(ins.group(1))
+    return kernels
+
+
+def sass(so_path: str, tool: str) -> dict[str, list[str]]:
+    """Kernel function -> its SASS instructions, from every cubin embedded in the .so."""
+    with open(so_path, "rb") as f:
+        kernels = disassemble(embedded_cubins(f.read()), tool)
+    return {name: ins for name, (ins, _) in kernels.items()}
 
 
 def main(argv: list[str]) -> int:

@@ -22,11 +22,10 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_diff import artifacts, nvdisasm  # noqa: E402
+from sass_diff import artifacts, disassemble, embedded_cubins, nvdisasm  # noqa: E402
 
 FATBIN_MAGIC = b"\x50\xed\x55\xba"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -54,44 +53,6 @@ def fatbin_cubins(data: bytes, arch: int) -> list[bytes]:
             entry += ehead + padded
         pos = end
     return out
-
-
-def embedded_cubins(data: bytes) -> list[bytes]:
-    """The uncompressed ELF cubins a b12x kernel.so embeds (the .so itself skipped)."""
-    return [data[m.start():] for m in re.finditer(rb"\x7fELF", data) if m.start()]
-
-
-def disassemble(cubins: list[bytes]) -> dict[str, tuple[list[str], dict[str, int]]]:
-    """Kernel -> (instructions, label -> instruction index)."""
-    tool, kernels = nvdisasm(), {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, blob in enumerate(cubins):
-            path = os.path.join(tmp, f"{i}.cubin")
-            with open(path, "wb") as f:
-                f.write(blob)
-            r = subprocess.run([tool, "-c", path], capture_output=True, text=True)
-            if r.returncode:
-                continue
-            cur, labels, pending = None, {}, []
-            for line in r.stdout.splitlines():
-                head = re.match(r"\s*\.text\.(\S+):", line)
-                if head:
-                    cur, labels, pending = [], {}, []
-                    kernels[head.group(1)] = (cur, labels)
-                    continue
-                if cur is None:
-                    continue
-                label = re.match(r"\s*(\.L_x_\d+):", line)
-                if label:
-                    pending.append(label.group(1))
-                    continue
-                ins = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-                if ins:
-                    for name in pending:
-                        labels[name] = len(cur)
-                    pending = []
-                    cur.append(ins.group(1))
-    return kernels
 
 
 def opcode(ins: str) -> str:
@@ -178,7 +139,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"{args.what}: not a file and not a spec in B12X_CACHE_DIR "
                              f"({len(found)} specs there)")
         cubins = embedded_cubins(open(found[args.what], "rb").read())
-    report(disassemble(cubins), args.kernel, args.seq)
+    report(disassemble(cubins, nvdisasm()), args.kernel, args.seq)
     return 0
 
 
