@@ -19,6 +19,7 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -46,6 +47,8 @@ def fatbin_cubins(data: bytes, arch: int) -> list[bytes]:
             payload = data[entry + ehead: entry + ehead + (csize or padded)]
             if kind == 2 and e_arch == arch:
                 if payload[:4] == ZSTD_MAGIC:
+                    if shutil.which("zstd") is None:
+                        raise SystemExit("this library's cubins are zstd-compressed: put the zstd command on PATH")
                     payload = subprocess.run(["zstd", "-d", "-c"], input=payload, capture_output=True,
                                              check=True).stdout
                 if payload[:4] == b"\x7fELF":
